@@ -1,0 +1,42 @@
+//! Test fixtures for pulse-host: every test gets real Redis and real plugins.
+//!
+//! # Layout
+//! - [`server`]: [`RedisServer`], a private `redis-server` process that a
+//!   test owns and can kill and restart, and [`shared_redis_url`], the server
+//!   the tests of one binary share.
+//! - [`names`]: [`unique`] names, so tests on one server never see each
+//!   other's keys, and the leak check [`assert_no_keys`].
+//! - [`plugins`]: paths to the components `scripts/build-plugins` built.
+//! - [`init_tracing`]: log output for tests, filtered by `RUST_LOG`.
+//!
+//! ```no_run
+//! # async fn example() -> redis::RedisResult<()> {
+//! let name = pulse_testkit::unique("set_then_get");
+//! let mut conn = pulse_testkit::connect(pulse_testkit::shared_redis_url()).await;
+//! redis::cmd("SET").arg(format!("{name}:k")).arg("v").exec_async(&mut conn).await?;
+//! redis::cmd("DEL").arg(format!("{name}:k")).exec_async(&mut conn).await?;
+//! pulse_testkit::assert_no_keys(&mut conn, &name).await;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Fixtures panic on failure: in a test, a panic with the full context is
+//! the most useful report.
+#![warn(missing_docs)]
+
+pub mod names;
+pub mod plugins;
+pub mod server;
+
+pub use names::{assert_no_keys, keys_under, unique};
+pub use server::{RedisServer, connect, shared_redis_url};
+
+/// Sends `tracing` output of the code under test to the test's captured
+/// output, filtered by `RUST_LOG` (default: `info`). Safe to call from every
+/// test; only the first call installs the subscriber.
+pub fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Fails only when a subscriber is already installed, which is fine.
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_test_writer().try_init();
+}

@@ -1,0 +1,48 @@
+//! The plugins `scripts/build-plugins` builds, by name.
+//!
+//! Tests that need a plugin take its path from [`path`]; the plugins are
+//! built from source before the tests run (the README's test command does
+//! it), never checked in.
+
+use std::path::PathBuf;
+
+/// `echo`: emits the payloads it receives (an example plugin).
+pub const ECHO: &str = "echo";
+/// `counter`: a timer-driven job that saves its count (an example plugin).
+pub const COUNTER: &str = "counter";
+/// `trap`: traps, or returns each kind of error, on demand.
+pub const TRAP: &str = "trap";
+/// `spin`: loops forever on demand.
+pub const SPIN: &str = "spin";
+/// `hog`: allocates without bound on demand.
+pub const HOG: &str = "hog";
+/// `slow`: sleeps for as many milliseconds as its payload says.
+pub const SLOW: &str = "slow";
+/// `wrong-world`: a component that does not implement `job-handler`.
+pub const WRONG_WORLD: &str = "wrong_world";
+
+/// Every plugin the build produces.
+pub const ALL: &[&str] = &[ECHO, COUNTER, TRAP, SPIN, HOG, SLOW, WRONG_WORLD];
+
+/// Where the built plugins are: `PULSE_PLUGIN_DIR` when set, otherwise
+/// `plugins/target/wasm32-wasip2/release` of this repository.
+pub fn dir() -> PathBuf {
+    match std::env::var_os("PULSE_PLUGIN_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../plugins/target/wasm32-wasip2/release"),
+    }
+}
+
+/// The path of the built plugin `name` (one of the constants above).
+///
+/// # Panics
+/// When the plugin is not built, saying how to build it.
+pub fn path(name: &str) -> PathBuf {
+    let path = dir().join(format!("{name}.wasm"));
+    assert!(
+        path.is_file(),
+        "plugin {name:?} is not built: {} does not exist (run scripts/build-plugins)",
+        path.display()
+    );
+    path
+}

@@ -1,0 +1,285 @@
+//! Private `redis-server` processes for tests.
+//!
+//! Each [`RedisServer`] is a `redis-server` child process with no
+//! persistence, listening on a unix socket (or a free loopback port) in its
+//! own temporary folder. A test that injects faults owns one and kills,
+//! pauses or restarts it; other tests share one server per test binary
+//! ([`shared_redis_url`]) and keep apart by [`crate::unique`] names.
+//!
+//! A watchdog shell beside each server kills it when the test process dies
+//! without running destructors (a panic with `panic = "abort"`, a SIGKILL,
+//! the shared server at process exit): it blocks reading a pipe whose only
+//! writer is the test process, and the kernel closes that pipe however the
+//! process ends.
+
+use std::fmt;
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use redis::aio::MultiplexedConnection;
+
+/// How long a server may take to answer `PING` after it is spawned. Redis
+/// with no persistence is ready in milliseconds; the margin is for a loaded
+/// CI machine.
+const READY_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Where a server listens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listen {
+    /// A unix socket in the server's folder: no port to collide on, and the
+    /// same address after a restart.
+    Unix,
+    /// A free port on 127.0.0.1, chosen at start and kept across restarts.
+    Tcp,
+}
+
+/// A private `redis-server` process, killed when dropped.
+pub struct RedisServer {
+    dir: tempfile::TempDir,
+    listen: Listen,
+    port: u16,
+    url: String,
+    process: Option<Process>,
+}
+
+/// A running server and its watchdog.
+struct Process {
+    redis: Child,
+    watchdog: Child,
+    /// The watchdog's stdin; the watchdog kills the server when it closes.
+    _lifeline: ChildStdin,
+}
+
+impl RedisServer {
+    /// Starts a server on a unix socket.
+    ///
+    /// # Panics
+    /// When `redis-server` is not installed (the message says how to install
+    /// it) or the server does not become ready (the message holds its log).
+    pub fn start() -> Self {
+        Self::start_on(Listen::Unix)
+    }
+
+    /// Starts a server that listens as `listen` says.
+    ///
+    /// # Panics
+    /// As [`RedisServer::start`].
+    pub fn start_on(listen: Listen) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("pulse-redis-")
+            .tempdir()
+            .expect("failed to create a folder for redis-server");
+        let port = match listen {
+            Listen::Unix => 0,
+            Listen::Tcp => free_port(),
+        };
+        let url = match listen {
+            Listen::Unix => format!("redis+unix://{}", dir.path().join("redis.sock").display()),
+            Listen::Tcp => format!("redis://127.0.0.1:{port}/"),
+        };
+        let mut server = Self { dir, listen, port, url, process: None };
+        server.spawn();
+        server
+    }
+
+    /// The URL clients connect with (`redis+unix:///…` or `redis://127.0.0.1:…`).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// A new multiplexed connection to this server.
+    pub async fn connect(&self) -> MultiplexedConnection {
+        connect(&self.url).await
+    }
+
+    /// The operating system's id of the server process, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.process.as_ref().map(|p| p.redis.id())
+    }
+
+    /// Kills the server with SIGKILL, as a crash would, and waits until it
+    /// is gone. Its data is lost: the server keeps nothing on disk.
+    pub fn kill(&mut self) {
+        if let Some(mut process) = self.process.take() {
+            // The watchdog goes first, so it never signals a pid the system
+            // may already have reused.
+            let _ = process.watchdog.kill();
+            let _ = process.watchdog.wait();
+            let _ = process.redis.kill();
+            let _ = process.redis.wait();
+        }
+    }
+
+    /// Starts the server again on the same address, empty, killing it first
+    /// if it runs.
+    ///
+    /// # Panics
+    /// As [`RedisServer::start`].
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    /// Freezes the server (SIGSTOP): connections stay open but nothing is
+    /// answered, as with a network partition or a long pause.
+    pub fn pause(&self) {
+        self.signal("STOP");
+    }
+
+    /// Resumes a server frozen by [`RedisServer::pause`] (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("CONT");
+    }
+
+    /// The server's log so far, for failure reports.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join("redis.log")
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.pid().expect("the server is not running");
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(pid.to_string())
+            .status()
+            .expect("failed to run kill");
+        assert!(status.success(), "kill -{signal} {pid} failed");
+    }
+
+    fn spawn(&mut self) {
+        let dir = self.dir.path();
+        let mut cmd = Command::new("redis-server");
+        cmd.args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .args(["--enable-debug-command", "local"])
+            .arg("--dir")
+            .arg(dir)
+            .arg("--logfile")
+            .arg(self.log_path())
+            .args(["--port", &self.port.to_string()]);
+        match self.listen {
+            Listen::Unix => {
+                cmd.arg("--unixsocket").arg(dir.join("redis.sock")).args(["--unixsocketperm", "700"]);
+            }
+            Listen::Tcp => {
+                cmd.args(["--bind", "127.0.0.1"]);
+            }
+        }
+        let redis = match cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn() {
+            Ok(child) => child,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => panic!(
+                "redis-server is not installed: the tests need it on PATH \
+                 (install it with `apt-get install redis-server`)"
+            ),
+            Err(err) => panic!("failed to start redis-server: {err}"),
+        };
+        let (watchdog, lifeline) = spawn_watchdog(redis.id(), dir);
+        self.process = Some(Process { redis, watchdog, _lifeline: lifeline });
+        self.wait_ready();
+    }
+
+    /// Waits until the server answers `PING`, or panics with its log.
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if self.ping() {
+                return;
+            }
+            let process = self.process.as_mut().expect("spawned just before");
+            if let Ok(Some(status)) = process.redis.try_wait() {
+                panic!("redis-server exited with {status} before it was ready; its log:\n{}", self.log());
+            }
+            if Instant::now() > deadline {
+                panic!("redis-server did not answer PING within {READY_TIMEOUT:?}; its log:\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// One `PING` over a fresh connection, in plain RESP.
+    fn ping(&self) -> bool {
+        fn exchange(mut stream: impl Read + Write) -> bool {
+            let mut reply = [0u8; 7];
+            stream.write_all(b"PING\r\n").is_ok()
+                && stream.read_exact(&mut reply).is_ok()
+                && &reply == b"+PONG\r\n"
+        }
+        match self.listen {
+            Listen::Unix => UnixStream::connect(self.dir.path().join("redis.sock")).is_ok_and(exchange),
+            Listen::Tcp => std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok_and(exchange),
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+impl fmt::Debug for RedisServer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisServer")
+            .field("url", &self.url)
+            .field("pid", &self.pid())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Starts a shell that kills `pid` and removes `dir` once its stdin closes.
+fn spawn_watchdog(pid: u32, dir: &Path) -> (Child, ChildStdin) {
+    let mut watchdog = Command::new("sh")
+        .arg("-c")
+        .arg(r#"read -r _; kill -9 "$0" 2>/dev/null; rm -rf "$1""#)
+        .arg(pid.to_string())
+        .arg(dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("failed to start the redis-server watchdog (sh)");
+    let lifeline = watchdog.stdin.take().expect("stdin was piped");
+    (watchdog, lifeline)
+}
+
+/// A port on 127.0.0.1 that was free a moment ago.
+fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("failed to find a free port");
+    listener.local_addr().expect("a bound listener has an address").port()
+}
+
+/// The Redis the tests of this binary share: the server `REDIS_URL` names
+/// when it is set, otherwise a private server started on first use and
+/// killed when the test binary exits. Tests on it keep apart by
+/// [`crate::unique`] names and end with [`crate::assert_no_keys`].
+pub fn shared_redis_url() -> &'static str {
+    static SHARED: OnceLock<(String, Option<RedisServer>)> = OnceLock::new();
+    let (url, _server) = SHARED.get_or_init(|| match std::env::var("REDIS_URL") {
+        Ok(url) if !url.is_empty() => (url, None),
+        _ => {
+            let server = RedisServer::start();
+            (server.url().to_owned(), Some(server))
+        }
+    });
+    url
+}
+
+/// A new multiplexed connection to `url`.
+///
+/// # Panics
+/// When the URL is invalid or the server does not answer.
+pub async fn connect(url: &str) -> MultiplexedConnection {
+    let client = redis::Client::open(url).unwrap_or_else(|err| panic!("invalid Redis URL {url:?}: {err}"));
+    client
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap_or_else(|err| panic!("failed to connect to Redis at {url:?}: {err}"))
+}

@@ -1,0 +1,8 @@
+//! End-to-end tests of pulse-host against real Redis servers and real
+//! plugins. One binary; one module per family of scenarios:
+//!
+//! - `fixtures`: the test kit itself: private servers, restarts, the leak check.
+//! - `plugins`: the plugins build as components, and `config.toml` names them.
+
+mod fixtures;
+mod plugins;
