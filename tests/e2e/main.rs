@@ -3,6 +3,7 @@
 //!
 //! - `fixtures`: the test kit itself: private servers, restarts, the leak check.
 //! - `plugins`: the plugins build as components, and `config.toml` names them.
+#![allow(clippy::unwrap_used, reason = "tests and their helpers: a panic is the failure report")]
 
 mod fixtures;
 mod plugins;

@@ -7,6 +7,8 @@
 //! - [`names`]: [`unique`] names, so tests on one server never see each
 //!   other's keys, and the leak check [`assert_no_keys`].
 //! - [`plugins`]: paths to the components `scripts/build-plugins` built.
+//! - [`logs`]: [`logs::capture`], log lines with their span fields, for
+//!   tests that check what was logged.
 //! - [`init_tracing`]: log output for tests, filtered by `RUST_LOG`.
 //!
 //! ```no_run
@@ -24,6 +26,7 @@
 //! the most useful report.
 #![warn(missing_docs)]
 
+pub mod logs;
 pub mod names;
 pub mod plugins;
 pub mod server;
@@ -32,11 +35,8 @@ pub use names::{assert_no_keys, keys_under, unique};
 pub use server::{RedisServer, connect, shared_redis_url};
 
 /// Sends `tracing` output of the code under test to the test's captured
-/// output, filtered by `RUST_LOG` (default: `info`). Safe to call from every
-/// test; only the first call installs the subscriber.
+/// output, filtered by `RUST_LOG` (default: `warn`). Safe to call from every
+/// test; the first call installs the subscriber.
 pub fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    // Fails only when a subscriber is already installed, which is fine.
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_test_writer().try_init();
+    logs::install();
 }

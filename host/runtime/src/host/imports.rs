@@ -1,0 +1,110 @@
+//! The `host` interface of `wit/job.wit`, as the guest calls it.
+//!
+//! Every request that acts for a job first checks that the job runs in this
+//! instance (`not-owned` otherwise); what it means for the pool is decided by
+//! [`crate::JobOutputs`].
+
+use std::time::Duration;
+
+use super::{HostState, MAX_TIMERS_PER_JOB};
+use crate::bindings::pulse::job::host::Host;
+use crate::bindings::pulse::job::types::{self, HostError, LogLevel};
+use crate::error::HostRefusal;
+
+/// A log line longer than this is cut: the log is for people.
+const MAX_LOG_LINE: usize = 16 * 1024;
+
+impl types::Host for HostState {}
+
+impl Host for HostState {
+    async fn log(&mut self, level: LogLevel, mut message: String) -> wasmtime::Result<()> {
+        if message.len() > MAX_LOG_LINE {
+            let mut end = MAX_LOG_LINE;
+            while !message.is_char_boundary(end) {
+                end -= 1;
+            }
+            message.truncate(end);
+            message.push_str(" […]");
+        }
+        // The current span is the call's: plugin and job key.
+        match level {
+            LogLevel::Trace => tracing::trace!(target: "pulse_runtime::guest", "{message}"),
+            LogLevel::Debug => tracing::debug!(target: "pulse_runtime::guest", "{message}"),
+            LogLevel::Info => tracing::info!(target: "pulse_runtime::guest", "{message}"),
+            LogLevel::Warn => tracing::warn!(target: "pulse_runtime::guest", "{message}"),
+            LogLevel::Error => tracing::error!(target: "pulse_runtime::guest", "{message}"),
+        }
+        Ok(())
+    }
+
+    async fn config(&mut self, name: String) -> wasmtime::Result<Option<String>> {
+        Ok(self.settings.get(&name).cloned())
+    }
+
+    async fn set_timer(
+        &mut self,
+        key: String,
+        name: String,
+        delay_ms: u64,
+        repeat: bool,
+    ) -> wasmtime::Result<Result<(), HostError>> {
+        let Some(slot) = self.jobs.get(&key) else { return Ok(Err(HostError::NotOwned)) };
+        if repeat && delay_ms == 0 {
+            return Ok(Err(HostError::LimitExceeded(
+                "a repeating timer needs delay-ms of at least 1".into(),
+            )));
+        }
+        if !slot.timers.contains_key(&name) && slot.timers.len() >= MAX_TIMERS_PER_JOB {
+            return Ok(Err(HostError::LimitExceeded(format!(
+                "a job may have at most {MAX_TIMERS_PER_JOB} timers armed"
+            ))));
+        }
+        self.arm_timer(&key, &name, Duration::from_millis(delay_ms), repeat);
+        Ok(Ok(()))
+    }
+
+    async fn cancel_timer(&mut self, key: String, name: String) -> wasmtime::Result<bool> {
+        Ok(self.jobs.get_mut(&key).is_some_and(|slot| slot.timers.remove(&name).is_some()))
+    }
+
+    async fn emit(&mut self, key: String, payload: Vec<u8>) -> wasmtime::Result<Result<(), HostError>> {
+        if !self.jobs.contains_key(&key) {
+            return Ok(Err(HostError::NotOwned));
+        }
+        Ok(self.outputs.emit(&key, payload).await.map_err(into_wit))
+    }
+
+    async fn save_state(&mut self, key: String, state: Vec<u8>) -> wasmtime::Result<Result<(), HostError>> {
+        if !self.jobs.contains_key(&key) {
+            return Ok(Err(HostError::NotOwned));
+        }
+        let saved = self.outputs.save_state(&key, state.clone()).await;
+        if saved.is_ok()
+            && let Some(slot) = self.jobs.get_mut(&key)
+        {
+            slot.job.state = Some(state);
+        }
+        Ok(saved.map_err(into_wit))
+    }
+
+    async fn complete(&mut self, key: String) -> wasmtime::Result<Result<(), HostError>> {
+        if !self.jobs.contains_key(&key) {
+            return Ok(Err(HostError::NotOwned));
+        }
+        let completed = self.outputs.complete(&key).await;
+        if completed.is_ok() {
+            // Dropping the slot cancels the job's timers.
+            self.jobs.remove(&key);
+            self.completed.push(key);
+        }
+        Ok(completed.map_err(into_wit))
+    }
+}
+
+fn into_wit(refusal: HostRefusal) -> HostError {
+    match refusal {
+        HostRefusal::NotOwned => HostError::NotOwned,
+        HostRefusal::LimitExceeded(message) => HostError::LimitExceeded(message),
+        HostRefusal::Unavailable(message) => HostError::Unavailable(message),
+    }
+}

@@ -1,0 +1,53 @@
+//! The plugin runtime: loads job handler components, sandboxes them and
+//! calls them. It knows nothing of Redis: what a handler asks of the pool
+//! goes through [`JobOutputs`].
+//!
+//! # Layout
+//! - `engine`: [`RuntimeConfig`] and [`Runtime`], the one wasmtime engine
+//!   of a process (pooling allocator, epoch ticker, compilation cache).
+//! - `plugin`: [`Plugin`], a component checked against `wit/job.wit` and
+//!   pre-instantiated; [`PluginOptions`], [`Isolation`].
+//! - `runner`: [`JobRunner`], one worker's jobs, routed to instances.
+//! - `instance`: the task that owns one instance and serializes its calls.
+//! - `host`: the store's data and the host functions guests import.
+//! - `limits`: [`Limits`] per plugin and the store's resource limiter.
+//! - `outputs`: [`JobOutputs`], the seam to the pool, and [`Recorder`].
+//! - `error`: [`LoadError`], [`CallError`], [`JobError`], [`HostRefusal`].
+//! - `bindings`: the one `bindgen!` of the WIT contract.
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::sync::Arc;
+//! use pulse_runtime::{Job, PluginOptions, Recorder, Runtime, RuntimeConfig};
+//!
+//! let runtime = Runtime::new(RuntimeConfig::default())?;
+//! let plugin = runtime.load_file("echo", "echo.wasm".as_ref(), PluginOptions::default())?;
+//! let outputs = Recorder::new();
+//! let runner = plugin.runner(Arc::new(outputs.clone()));
+//! runner.start(Job::new("job-1", "hello")).await?;
+//! runner.notify("job-1", b"again".to_vec()).await?;
+//! runner.stop("job-1").await?;
+//! assert_eq!(outputs.emitted("job-1"), [b"hello".to_vec(), b"again".to_vec()]);
+//! # Ok(())
+//! # }
+//! ```
+#![warn(missing_docs)]
+
+mod bindings;
+mod engine;
+mod error;
+mod host;
+mod instance;
+mod job;
+mod limits;
+mod outputs;
+mod plugin;
+mod runner;
+
+pub use engine::{DEFAULT_MEMORY_RESERVATION, MAPPINGS_PER_INSTANCE, Runtime, RuntimeConfig};
+pub use error::{CallError, EngineError, HostRefusal, JobError, LoadError};
+pub use job::Job;
+pub use limits::Limits;
+pub use outputs::{BoxFuture, JobOutputs, Output, Recorder};
+pub use plugin::{Isolation, Plugin, PluginOptions};
+pub use runner::JobRunner;

@@ -1,0 +1,202 @@
+//! Where a handler's requests go: the [`JobOutputs`] seam, and
+//! [`Recorder`], an in-memory implementation for tests and examples.
+//!
+//! The pool implements [`JobOutputs`] with Redis scripts fenced by the job's
+//! token; the runtime only forwards the requests and their answers.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+use crate::error::{CallError, HostRefusal};
+
+/// A boxed future, as [`JobOutputs`] methods return (the trait is used as a
+/// `dyn` object inside every store).
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The host side of `emit`, `save-state` and `complete`, and the report of
+/// jobs that ended outside any caller's call.
+pub trait JobOutputs: Send + Sync + 'static {
+    /// Publishes an output event of job `key`.
+    fn emit<'a>(&'a self, key: &'a str, payload: Vec<u8>) -> BoxFuture<'a, Result<(), HostRefusal>>;
+
+    /// Stores the state of job `key`, replacing the previous one.
+    fn save_state<'a>(&'a self, key: &'a str, state: Vec<u8>) -> BoxFuture<'a, Result<(), HostRefusal>>;
+
+    /// Records that job `key` completed by itself. On `Ok` the runtime drops
+    /// the job and calls nothing more for it.
+    fn complete<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), HostRefusal>>;
+
+    /// Job `key` ended, not in a call someone is waiting for: a timer
+    /// callback failed or trapped, or a restart after another job's trap
+    /// failed. The job no longer runs here.
+    fn job_failed<'a>(&'a self, key: &'a str, error: &'a CallError) -> BoxFuture<'a, ()>;
+}
+
+/// One request a handler made, as [`Recorder`] keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Output {
+    /// `emit(key, payload)`.
+    Emit {
+        /// The job.
+        key: String,
+        /// What it emitted.
+        payload: Vec<u8>,
+    },
+    /// `save-state(key, state)`.
+    SaveState {
+        /// The job.
+        key: String,
+        /// What it saved.
+        state: Vec<u8>,
+    },
+    /// `complete(key)`.
+    Complete {
+        /// The job.
+        key: String,
+    },
+    /// [`JobOutputs::job_failed`].
+    Failed {
+        /// The job.
+        key: String,
+        /// Why.
+        error: CallError,
+    },
+}
+
+impl Output {
+    /// The job the output is for.
+    pub fn key(&self) -> &str {
+        match self {
+            Output::Emit { key, .. }
+            | Output::SaveState { key, .. }
+            | Output::Complete { key }
+            | Output::Failed { key, .. } => key,
+        }
+    }
+}
+
+/// An in-memory [`JobOutputs`]: records every request in order, keeps the
+/// last saved state per key, and refuses requests for keys told to refuse.
+#[derive(Debug, Default, Clone)]
+pub struct Recorder {
+    inner: Arc<RecorderInner>,
+}
+
+#[derive(Debug, Default)]
+struct RecorderInner {
+    state: Mutex<RecorderState>,
+    changed: Notify,
+}
+
+#[derive(Debug, Default)]
+struct RecorderState {
+    outputs: Vec<Output>,
+    saved: HashMap<String, Vec<u8>>,
+    refusals: HashMap<String, HostRefusal>,
+}
+
+impl Recorder {
+    /// An empty recorder.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Every output so far, in order.
+    pub fn outputs(&self) -> Vec<Output> {
+        self.lock().outputs.clone()
+    }
+
+    /// The outputs of one job, in order.
+    pub fn outputs_of(&self, key: &str) -> Vec<Output> {
+        self.lock().outputs.iter().filter(|o| o.key() == key).cloned().collect()
+    }
+
+    /// The payloads job `key` emitted, in order.
+    pub fn emitted(&self, key: &str) -> Vec<Vec<u8>> {
+        self.lock()
+            .outputs
+            .iter()
+            .filter_map(|o| match o {
+                Output::Emit { key: k, payload } if k == key => Some(payload.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The state job `key` saved last.
+    pub fn saved_state(&self, key: &str) -> Option<Vec<u8>> {
+        self.lock().saved.get(key).cloned()
+    }
+
+    /// From now on, refuse every request for `key` with `refusal`.
+    pub fn refuse(&self, key: &str, refusal: HostRefusal) {
+        self.lock().refusals.insert(key.to_owned(), refusal);
+    }
+
+    /// Waits until `done` holds for the outputs so far, or `timeout` passes.
+    /// Returns the outputs either way; the caller asserts on them.
+    pub async fn wait_until(&self, timeout: Duration, done: impl Fn(&[Output]) -> bool) -> Vec<Output> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            // Register interest before checking, so no change is missed
+            // between the check and the wait.
+            let changed = self.inner.changed.notified();
+            {
+                let state = self.lock();
+                if done(&state.outputs) {
+                    return state.outputs.clone();
+                }
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                return self.outputs();
+            }
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, RecorderState> {
+        // A panic while holding this lock is already a test failure.
+        self.inner.state.lock().unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    fn record(&self, key: &str, output: Output) -> Result<(), HostRefusal> {
+        let mut state = self.lock();
+        if let Some(refusal) = state.refusals.get(key) {
+            return Err(refusal.clone());
+        }
+        if let Output::SaveState { state: bytes, .. } = &output {
+            state.saved.insert(key.to_owned(), bytes.clone());
+        }
+        state.outputs.push(output);
+        drop(state);
+        self.inner.changed.notify_waiters();
+        Ok(())
+    }
+}
+
+impl JobOutputs for Recorder {
+    fn emit<'a>(&'a self, key: &'a str, payload: Vec<u8>) -> BoxFuture<'a, Result<(), HostRefusal>> {
+        Box::pin(async move { self.record(key, Output::Emit { key: key.to_owned(), payload }) })
+    }
+
+    fn save_state<'a>(&'a self, key: &'a str, state: Vec<u8>) -> BoxFuture<'a, Result<(), HostRefusal>> {
+        Box::pin(async move { self.record(key, Output::SaveState { key: key.to_owned(), state }) })
+    }
+
+    fn complete<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), HostRefusal>> {
+        Box::pin(async move { self.record(key, Output::Complete { key: key.to_owned() }) })
+    }
+
+    fn job_failed<'a>(&'a self, key: &'a str, error: &'a CallError) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            let mut state = self.lock();
+            state.outputs.push(Output::Failed { key: key.to_owned(), error: error.clone() });
+            drop(state);
+            self.inner.changed.notify_waiters();
+        })
+    }
+}

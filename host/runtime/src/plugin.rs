@@ -1,0 +1,147 @@
+//! A loaded plugin: checked against the contract and pre-instantiated once.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use wasmtime::component::Component;
+
+use crate::bindings::JobHandlerPre;
+use crate::engine::RuntimeInner;
+use crate::error::LoadError;
+use crate::host::HostState;
+use crate::limits::Limits;
+use crate::outputs::JobOutputs;
+use crate::runner::JobRunner;
+
+/// How many instances serve a worker's jobs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Isolation {
+    /// One instance per job, created on start and dropped on stop: a trap or
+    /// an exhausted limit ends one job, and memory is accounted per job.
+    #[default]
+    Job,
+    /// One instance serves all jobs of a worker: denser, but a trap restarts
+    /// the worker's other jobs (from their saved state) in a new instance.
+    Worker,
+}
+
+/// How to run a plugin.
+///
+/// Defaults: [`Limits::default`], no settings, [`Isolation::Job`].
+#[derive(Debug, Clone, Default)]
+pub struct PluginOptions {
+    /// Limits of every instance.
+    pub limits: Limits,
+    /// Settings the plugin reads with `config(name)`.
+    pub settings: BTreeMap<String, String>,
+    /// Instances per job or per worker.
+    pub isolation: Isolation,
+}
+
+/// A plugin ready to run: compiled, checked and pre-instantiated. Cheap to
+/// clone.
+#[derive(Clone)]
+pub struct Plugin {
+    pub(crate) inner: Arc<PluginInner>,
+}
+
+pub(crate) struct PluginInner {
+    pub(crate) name: String,
+    pub(crate) pre: JobHandlerPre<HostState>,
+    pub(crate) limits: Limits,
+    pub(crate) settings: Arc<BTreeMap<String, String>>,
+    pub(crate) isolation: Isolation,
+    pub(crate) fuel_enabled: bool,
+}
+
+/// The 8 bytes every WebAssembly binary starts with: magic, then a version
+/// and layer word that tells a component (`0d 00 01 00`) from a core module
+/// (`01 00 00 00`).
+const MAGIC: &[u8; 4] = b"\0asm";
+const COMPONENT_LAYER: [u8; 4] = [0x0d, 0x00, 0x01, 0x00];
+
+impl Plugin {
+    pub(crate) fn load(
+        runtime: Arc<RuntimeInner>,
+        name: &str,
+        bytes: &[u8],
+        options: PluginOptions,
+    ) -> Result<Self, LoadError> {
+        let plugin = || name.to_owned();
+        if !bytes.starts_with(MAGIC) {
+            return Err(LoadError::NotWasm { plugin: plugin() });
+        }
+        if bytes.get(4..8) != Some(&COMPONENT_LAYER[..]) {
+            return Err(LoadError::CoreModule { plugin: plugin() });
+        }
+        check_options(name, &options, &runtime)?;
+        let component = Component::new(&runtime.engine, bytes)
+            .map_err(|e| LoadError::Compile { plugin: plugin(), message: format!("{e:#}") })?;
+        // Fails when the component imports something the host lacks.
+        let instance_pre = runtime
+            .linker
+            .instantiate_pre(&component)
+            .map_err(|e| LoadError::WrongWorld { plugin: plugin(), message: format!("{e:#}") })?;
+        // Fails when an export of the world is missing or mistyped.
+        let pre = JobHandlerPre::new(instance_pre)
+            .map_err(|e| LoadError::WrongWorld { plugin: plugin(), message: format!("{e:#}") })?;
+        Ok(Self {
+            inner: Arc::new(PluginInner {
+                name: plugin(),
+                pre,
+                limits: options.limits,
+                settings: Arc::new(options.settings),
+                isolation: options.isolation,
+                fuel_enabled: runtime.config.fuel_enabled(),
+            }),
+        })
+    }
+
+    /// The plugin's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// Its isolation.
+    pub fn isolation(&self) -> Isolation {
+        self.inner.isolation
+    }
+
+    /// Its limits.
+    pub fn limits(&self) -> Limits {
+        self.inner.limits
+    }
+
+    /// A runner for one worker's jobs, whose requests go to `outputs`.
+    pub fn runner(&self, outputs: Arc<dyn JobOutputs>) -> JobRunner {
+        JobRunner::new(self.clone(), outputs)
+    }
+}
+
+impl std::fmt::Debug for Plugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plugin")
+            .field("name", &self.inner.name)
+            .field("isolation", &self.inner.isolation)
+            .field("limits", &self.inner.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+fn check_options(name: &str, options: &PluginOptions, runtime: &RuntimeInner) -> Result<(), LoadError> {
+    let invalid = |message: String| LoadError::InvalidOptions { plugin: name.to_owned(), message };
+    let ceiling = runtime.config.memory_ceiling();
+    if options.limits.memory > ceiling {
+        return Err(invalid(format!(
+            "memory limit {} bytes exceeds the runtime's max_memory_per_instance of {ceiling} bytes",
+            options.limits.memory
+        )));
+    }
+    if options.limits.call_timeout.is_zero() {
+        return Err(invalid("call_timeout must be longer than zero".into()));
+    }
+    if options.limits.fuel.is_some() && !runtime.config.fuel_enabled() {
+        return Err(invalid("a fuel limit needs fuel enabled in the runtime configuration".into()));
+    }
+    Ok(())
+}
