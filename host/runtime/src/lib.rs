@@ -8,7 +8,10 @@
 //! - `plugin`: [`Plugin`], a component checked against `wit/job.wit` and
 //!   pre-instantiated; [`PluginOptions`], [`Isolation`].
 //! - `runner`: [`JobRunner`], one worker's jobs, routed to instances.
-//! - `instance`: the task that owns one instance and serializes its calls.
+//! - `instance`: [`Instance`], one store and its guest, and the calls under
+//!   the plugin's limits.
+//! - `actor`: the task that owns an instance, serializes its calls and
+//!   delivers its timer ticks; restarts jobs after a trap.
 //! - `host`: the store's data and the host functions guests import.
 //! - `limits`: [`Limits`] per plugin and the store's resource limiter.
 //! - `outputs`: [`JobOutputs`], the seam to the pool, and [`Recorder`].
@@ -33,6 +36,7 @@
 //! ```
 #![warn(missing_docs)]
 
+mod actor;
 mod bindings;
 mod engine;
 mod error;
@@ -46,6 +50,7 @@ mod runner;
 
 pub use engine::{DEFAULT_MEMORY_RESERVATION, MAPPINGS_PER_INSTANCE, Runtime, RuntimeConfig};
 pub use error::{CallError, EngineError, HostRefusal, JobError, LoadError};
+pub use instance::Instance;
 pub use job::Job;
 pub use limits::Limits;
 pub use outputs::{BoxFuture, JobOutputs, Output, Recorder};

@@ -7,8 +7,9 @@ use wasmtime::component::Component;
 
 use crate::bindings::JobHandlerPre;
 use crate::engine::RuntimeInner;
-use crate::error::LoadError;
+use crate::error::{CallError, LoadError};
 use crate::host::HostState;
+use crate::instance::Instance;
 use crate::limits::Limits;
 use crate::outputs::JobOutputs;
 use crate::runner::JobRunner;
@@ -110,6 +111,19 @@ impl Plugin {
     /// Its limits.
     pub fn limits(&self) -> Limits {
         self.inner.limits
+    }
+
+    /// One instance on its own, outside any runner: for measuring and
+    /// embedding. Its timers never fire (no task receives their ticks); run
+    /// jobs through [`Plugin::runner`].
+    ///
+    /// # Errors
+    /// [`CallError::Instantiate`] when the pool is full or instantiation
+    /// traps.
+    pub async fn instantiate(&self, outputs: Arc<dyn JobOutputs>) -> Result<Instance, CallError> {
+        // A sender whose receiver is already gone: ticks go nowhere.
+        let (commands, _) = tokio::sync::mpsc::channel(1);
+        Instance::new(&self.inner, outputs, commands.downgrade()).await
     }
 
     /// A runner for one worker's jobs, whose requests go to `outputs`.

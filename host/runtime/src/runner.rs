@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::task::TaskTracker;
 
+use crate::actor::{Actor, Command, OnGone, Reply};
 use crate::error::CallError;
-use crate::instance::{Actor, Command, OnGone, Reply};
 use crate::job::Job;
 use crate::outputs::JobOutputs;
 use crate::plugin::{Isolation, Plugin};

@@ -18,7 +18,7 @@ use tokio::task::AbortHandle;
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-use crate::instance::Command;
+use crate::actor::Command;
 use crate::job::Job;
 use crate::limits::Limiter;
 use crate::outputs::JobOutputs;

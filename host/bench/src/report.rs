@@ -1,0 +1,57 @@
+//! Statistics and the `RESULT` line format.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+/// A `RESULT` line under construction.
+pub struct Result {
+    line: String,
+}
+
+impl Result {
+    /// Starts the line of `scenario`.
+    pub fn new(scenario: &str) -> Self {
+        Self { line: format!("RESULT scenario={scenario}") }
+    }
+
+    /// Adds `key=value`.
+    pub fn field(mut self, key: &str, value: impl std::fmt::Display) -> Self {
+        let _ = write!(self.line, " {key}={value}");
+        self
+    }
+
+    /// Adds a duration in microseconds, two decimals.
+    pub fn micros(self, key: &str, value: Duration) -> Self {
+        self.field(key, format!("{:.2}", value.as_secs_f64() * 1e6))
+    }
+
+    /// Adds a duration in milliseconds, two decimals.
+    pub fn millis(self, key: &str, value: Duration) -> Self {
+        self.field(key, format!("{:.2}", value.as_secs_f64() * 1e3))
+    }
+
+    /// Prints the line.
+    pub fn print(self) {
+        println!("{}", self.line);
+    }
+}
+
+/// The `p`-th percentile (0–100) of `samples`, nearest rank.
+pub fn percentile(samples: &mut [Duration], p: f64) -> Duration {
+    if samples.is_empty() {
+        return Duration::ZERO;
+    }
+    samples.sort_unstable();
+    let rank = ((p / 100.0) * samples.len() as f64).ceil() as usize;
+    samples[rank.clamp(1, samples.len()) - 1]
+}
+
+/// Resident memory of this process, in bytes (`VmRSS` of `/proc/self/status`).
+pub fn resident_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kib| kib * 1024)
+}

@@ -1,0 +1,188 @@
+//! The `runtime` scenario: what the plugin runtime costs, with the `echo`
+//! plugin (each `notify` reads a setting and emits the payload back, so a
+//! call includes two host calls).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pulse_runtime::{
+    BoxFuture, CallError, HostRefusal, Isolation, Job, JobOutputs, Plugin, PluginOptions, Runtime,
+    RuntimeConfig,
+};
+
+use crate::report::{self, percentile};
+
+/// Outputs that accept everything and keep nothing: the benchmark measures
+/// the runtime, not a recorder.
+struct Discard;
+
+impl JobOutputs for Discard {
+    fn emit<'a>(&'a self, _key: &'a str, _payload: Vec<u8>) -> BoxFuture<'a, Result<(), HostRefusal>> {
+        Box::pin(async { Ok(()) })
+    }
+    fn save_state<'a>(&'a self, _key: &'a str, _state: Vec<u8>) -> BoxFuture<'a, Result<(), HostRefusal>> {
+        Box::pin(async { Ok(()) })
+    }
+    fn complete<'a>(&'a self, _key: &'a str) -> BoxFuture<'a, Result<(), HostRefusal>> {
+        Box::pin(async { Ok(()) })
+    }
+    fn job_failed<'a>(&'a self, _key: &'a str, _error: &'a CallError) -> BoxFuture<'a, ()> {
+        Box::pin(async {})
+    }
+}
+
+type BenchResult = Result<(), Box<dyn std::error::Error>>;
+
+pub fn run(quick: bool) -> BenchResult {
+    let scale = if quick { 10 } else { 1 };
+    let path = plugin_path("echo")?;
+    let bytes = std::fs::read(&path).map_err(|e| format!("failed to read {}: {e}", path.display()))?;
+
+    let compile = median_of(3, || {
+        let runtime = Runtime::new(RuntimeConfig::default())?;
+        let started = Instant::now();
+        runtime.load("echo", &bytes, PluginOptions::default())?;
+        Ok(started.elapsed())
+    })?;
+    let cache = tempfile::tempdir()?;
+    // The first load fills the cache; the measured ones hit it.
+    Runtime::new(RuntimeConfig::default().cache_dir(cache.path()))?.load(
+        "echo",
+        &bytes,
+        PluginOptions::default(),
+    )?;
+    let cached = median_of(3, || {
+        let runtime = Runtime::new(RuntimeConfig::default().cache_dir(cache.path()))?;
+        let started = Instant::now();
+        runtime.load("echo", &bytes, PluginOptions::default())?;
+        Ok(started.elapsed())
+    })?;
+
+    let tokio = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let runtime = Runtime::new(RuntimeConfig::default())?;
+    let plugin = runtime.load("echo", &bytes, PluginOptions::default())?;
+    let calls = tokio.block_on(measure_calls(&plugin, scale))?;
+    let worker_plugin = runtime.load(
+        "echo",
+        &bytes,
+        PluginOptions { isolation: Isolation::Worker, ..PluginOptions::default() },
+    )?;
+    let runner = tokio.block_on(measure_runner(&plugin, &worker_plugin, scale))?;
+
+    let mut line = report::Result::new("runtime")
+        .field("plugin", "echo")
+        .millis("compile_ms", compile)
+        .millis("cached_load_ms", cached);
+    for (key, value) in calls.into_iter().chain(runner) {
+        line = line.micros(key, value);
+    }
+    let rss = tokio.block_on(measure_idle_memory(&plugin, 1_000))?;
+    line.field("rss_mib_per_1000_idle", format!("{:.1}", rss as f64 / f64::from(1 << 20))).print();
+    Ok(())
+}
+
+/// Instantiation and direct calls on one instance.
+async fn measure_calls(plugin: &Plugin, scale: usize) -> Result<Vec<(&'static str, Duration)>, CallError> {
+    let outputs: Arc<dyn JobOutputs> = Arc::new(Discard);
+    let mut instantiate = Vec::new();
+    for round in 0..2_000 / scale + 100 {
+        let started = Instant::now();
+        let instance = plugin.instantiate(outputs.clone()).await?;
+        let elapsed = started.elapsed();
+        drop(instance);
+        // The first rounds warm the pool's slots.
+        if round >= 100 {
+            instantiate.push(elapsed);
+        }
+    }
+    let mut instance = plugin.instantiate(outputs.clone()).await?;
+    instance.start(&Job::new("bench", "")).await?;
+    let mut results = vec![
+        ("instantiate_p50_us", percentile(&mut instantiate, 50.0)),
+        ("instantiate_p99_us", percentile(&mut instantiate, 99.0)),
+    ];
+    for (size, rounds, p50, p99) in [
+        (16, 20_000 / scale, "call_16b_p50_us", "call_16b_p99_us"),
+        (64 * 1024, 5_000 / scale, "call_64kib_p50_us", "call_64kib_p99_us"),
+    ] {
+        let payload = vec![7u8; size];
+        let mut samples = Vec::with_capacity(rounds);
+        for _ in 0..rounds {
+            let started = Instant::now();
+            instance.notify("bench", &payload).await?;
+            samples.push(started.elapsed());
+        }
+        results.push((p50, percentile(&mut samples, 50.0)));
+        results.push((p99, percentile(&mut samples, 99.0)));
+    }
+    Ok(results)
+}
+
+/// The same work through a `JobRunner`, as the pool drives it: a start
+/// (instance task, instantiation and the guest's `start`) and a notify
+/// (queue, call, reply).
+async fn measure_runner(
+    job_plugin: &Plugin,
+    worker_plugin: &Plugin,
+    scale: usize,
+) -> Result<Vec<(&'static str, Duration)>, CallError> {
+    let runner = job_plugin.runner(Arc::new(Discard));
+    let mut starts = Vec::new();
+    for i in 0..2_000 / scale {
+        let key = format!("start-{i}");
+        let started = Instant::now();
+        runner.start(Job::new(&key, "")).await?;
+        starts.push(started.elapsed());
+        runner.stop(&key).await?;
+    }
+    let worker = worker_plugin.runner(Arc::new(Discard));
+    worker.start(Job::new("bench", "")).await?;
+    let payload = vec![7u8; 16];
+    let mut notifies = Vec::new();
+    for _ in 0..20_000 / scale {
+        let started = Instant::now();
+        worker.notify("bench", payload.clone()).await?;
+        notifies.push(started.elapsed());
+    }
+    runner.close().await;
+    worker.close().await;
+    Ok(vec![
+        ("runner_start_p50_us", percentile(&mut starts, 50.0)),
+        ("runner_start_p99_us", percentile(&mut starts, 99.0)),
+        ("runner_notify_16b_p50_us", percentile(&mut notifies, 50.0)),
+        ("runner_notify_16b_p99_us", percentile(&mut notifies, 99.0)),
+    ])
+}
+
+/// Resident bytes that `count` idle per-job instances add.
+async fn measure_idle_memory(plugin: &Plugin, count: usize) -> Result<u64, CallError> {
+    let runner = plugin.runner(Arc::new(Discard));
+    let before = report::resident_bytes();
+    for i in 0..count {
+        runner.start(Job::new(format!("idle-{i}"), "")).await?;
+    }
+    let after = report::resident_bytes();
+    runner.close().await;
+    Ok(after.saturating_sub(before))
+}
+
+fn median_of(
+    runs: usize,
+    mut measure: impl FnMut() -> Result<Duration, Box<dyn std::error::Error>>,
+) -> Result<Duration, Box<dyn std::error::Error>> {
+    let mut samples = (0..runs).map(|_| measure()).collect::<Result<Vec<_>, _>>()?;
+    Ok(percentile(&mut samples, 50.0))
+}
+
+/// Where `scripts/build-plugins` puts plugin `name`.
+fn plugin_path(name: &str) -> Result<PathBuf, String> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../plugins/target/wasm32-wasip2/release")
+        .join(format!("{name}.wasm"));
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(format!("{} is not built: run scripts/build-plugins", path.display()))
+    }
+}

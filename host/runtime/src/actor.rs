@@ -1,0 +1,187 @@
+//! The task that owns an instance and serializes its calls.
+//!
+//! An instance is driven by one task (an actor) that receives [`Command`]s
+//! in order and makes one guest call at a time: this is what serializes the
+//! calls to an instance and keeps the order per key. Timer ticks arrive on
+//! the same channel, so they interleave with calls in arrival order.
+//!
+//! A call that traps, times out or exhausts a limit poisons the instance:
+//! its store is dropped. Jobs it served besides the one that failed (worker
+//! isolation) are started again in a fresh instance, from the state they
+//! last saved, with `requeued` set.
+
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, oneshot};
+use tracing::Instrument;
+
+use crate::error::CallError;
+use crate::instance::{GuestCall, Instance};
+use crate::job::Job;
+use crate::outputs::JobOutputs;
+use crate::plugin::PluginInner;
+
+/// Commands queued per instance before callers wait: deep enough that a
+/// burst of notifications does not stall its senders, small enough to bound
+/// memory per instance.
+pub(crate) const COMMAND_QUEUE: usize = 256;
+
+/// A reply to a call.
+pub(crate) type Reply = oneshot::Sender<Result<(), CallError>>;
+
+/// What an instance's task is asked to do.
+pub(crate) enum Command {
+    Start { job: Job, reply: Reply },
+    Stop { key: String, reply: Reply },
+    Notify { key: String, payload: Vec<u8>, reply: Reply },
+    Timer { key: String, name: String, generation: u64 },
+}
+
+/// Told when a job ends inside the instance, not as the answer to a call:
+/// it completed, its timer callback failed, or its restart failed. Carries
+/// the instance id, so a stale report never removes a newer instance's job.
+pub(crate) type OnGone = Arc<dyn Fn(&str, u64) + Send + Sync>;
+
+/// The task that owns an instance.
+pub(crate) struct Actor {
+    id: u64,
+    plugin: Arc<PluginInner>,
+    outputs: Arc<dyn JobOutputs>,
+    commands: mpsc::WeakSender<Command>,
+    on_gone: OnGone,
+    live: Option<Instance>,
+}
+
+impl Actor {
+    /// Spawns the task behind a new channel; the instance itself is created
+    /// by the first `start`.
+    pub(crate) fn spawn(
+        id: u64,
+        plugin: Arc<PluginInner>,
+        outputs: Arc<dyn JobOutputs>,
+        on_gone: OnGone,
+        tasks: &tokio_util::task::TaskTracker,
+    ) -> mpsc::Sender<Command> {
+        let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
+        let span = tracing::info_span!("instance", plugin = %plugin.name, instance = id);
+        let actor = Self { id, plugin, outputs, commands: tx.downgrade(), on_gone, live: None };
+        tasks.spawn(actor.run(rx).instrument(span));
+        tx
+    }
+
+    /// Serves commands until every sender is gone.
+    async fn run(mut self, mut rx: mpsc::Receiver<Command>) {
+        while let Some(command) = rx.recv().await {
+            match command {
+                Command::Start { job, reply } => {
+                    let _ = reply.send(self.start(job).await);
+                }
+                Command::Stop { key, reply } => {
+                    let _ = reply.send(self.stop(&key).await);
+                }
+                Command::Notify { key, payload, reply } => {
+                    let _ = reply.send(self.notify(&key, &payload).await);
+                }
+                Command::Timer { key, name, generation } => self.tick(&key, &name, generation).await,
+            }
+            self.report_completed();
+        }
+    }
+
+    fn runs(&self, key: &str) -> bool {
+        self.live.as_ref().is_some_and(|live| live.runs(key))
+    }
+
+    async fn start(&mut self, job: Job) -> Result<(), CallError> {
+        if self.runs(&job.key) {
+            return Err(CallError::AlreadyRunning(job.key));
+        }
+        let mut live = match self.live.take() {
+            Some(live) => live,
+            None => self.instantiate().await?,
+        };
+        let result = live.start(&job).await;
+        self.live = Some(live);
+        if let Err(error) = &result {
+            self.after_failure(&job.key, error).await;
+        }
+        result
+    }
+
+    async fn stop(&mut self, key: &str) -> Result<(), CallError> {
+        let Some(live) = self.live.as_mut() else { return Err(CallError::NotRunning(key.to_owned())) };
+        let result = live.stop(key).await;
+        if let Err(error) = &result {
+            self.after_failure(key, error).await;
+        }
+        result
+    }
+
+    async fn notify(&mut self, key: &str, payload: &[u8]) -> Result<(), CallError> {
+        let Some(live) = self.live.as_mut() else { return Err(CallError::NotRunning(key.to_owned())) };
+        let result = live.notify(key, payload).await;
+        if let Err(error) = &result {
+            self.after_failure(key, error).await;
+        }
+        result
+    }
+
+    async fn tick(&mut self, key: &str, name: &str, generation: u64) {
+        let Some(live) = self.live.as_mut() else { return };
+        let due = live.jobs().get_mut(key).is_some_and(|slot| slot.take_tick(name, generation));
+        if !due {
+            return; // cancelled, replaced, or the job is gone
+        }
+        match live.call(GuestCall::Timer(key, name)).await {
+            Ok(()) => {}
+            Err(error) if !error.ends_job() => {
+                tracing::warn!(job.key = key, timer = name, error = %error, "timer callback failed");
+            }
+            Err(error) => {
+                live.drop_job(key);
+                self.after_failure(key, &error).await;
+                self.end_job(key, &error).await;
+            }
+        }
+    }
+
+    /// Reports jobs that completed during the last call.
+    fn report_completed(&mut self) {
+        let Some(live) = self.live.as_mut() else { return };
+        for key in live.take_completed() {
+            (self.on_gone)(&key, self.id);
+        }
+    }
+
+    /// A job ended here without a caller to tell: report it. (`&mut self`
+    /// only because `Actor` is `Send` but not `Sync`.)
+    async fn end_job(&mut self, key: &str, error: &CallError) {
+        tracing::warn!(job.key = key, error = %error, "job failed");
+        self.outputs.job_failed(key, error).await;
+        (self.on_gone)(key, self.id);
+    }
+
+    /// After a failed call: if it poisoned the instance, drop it and start
+    /// its other jobs again in a new one, from the state they saved last.
+    async fn after_failure(&mut self, failed_key: &str, error: &CallError) {
+        if !error.poisons_instance() {
+            return;
+        }
+        let Some(mut dead) = self.live.take() else { return };
+        let survivors: Vec<Job> = dead.take_jobs().into_iter().filter(|job| job.key != failed_key).collect();
+        drop(dead);
+        tracing::warn!(error = %error, restarting = survivors.len(), "instance discarded");
+        for mut job in survivors {
+            job.requeued = true;
+            // A restart that poisons the new instance restarts the rest again,
+            // each time with one job fewer: this ends.
+            if let Err(error) = Box::pin(self.start(job.clone())).await {
+                self.end_job(&job.key, &error).await;
+            }
+        }
+    }
+
+    async fn instantiate(&mut self) -> Result<Instance, CallError> {
+        Instance::new(&self.plugin, self.outputs.clone(), self.commands.clone()).await
+    }
+}
