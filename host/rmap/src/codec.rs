@@ -1,0 +1,139 @@
+//! Netstrings (`len:bytes,`), the format of change messages and list
+//! values, mirroring the Lua helpers of `lua/prelude.lua` byte for byte.
+
+/// Encodes `items` as consecutive netstrings: the list format of map values.
+pub fn encode_list<S: AsRef<str>>(items: &[S]) -> String {
+    let mut out = String::new();
+    for item in items {
+        let item = item.as_ref();
+        out.push_str(&item.len().to_string());
+        out.push(':');
+        out.push_str(item);
+        out.push(',');
+    }
+    out
+}
+
+/// Decodes a list value; `None` when it is not a sequence of netstrings.
+pub fn decode_list(value: &str) -> Option<Vec<String>> {
+    let mut items = Vec::new();
+    let mut rest = value.as_bytes();
+    while !rest.is_empty() {
+        let (item, tail) = split_netstring(rest)?;
+        items.push(String::from_utf8(item.to_vec()).ok()?);
+        rest = tail;
+    }
+    Some(items)
+}
+
+/// Splits one netstring off the front of `bytes`.
+pub(crate) fn split_netstring(bytes: &[u8]) -> Option<(&[u8], &[u8])> {
+    let colon = bytes.iter().position(|b| *b == b':')?;
+    let digits = &bytes[..colon];
+    // Digits only, as the Lua decoder requires ("+3" would parse here).
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let len: usize = std::str::from_utf8(digits).ok()?.parse().ok()?;
+    let start = colon + 1;
+    let end = start.checked_add(len)?;
+    if bytes.get(end) != Some(&b',') {
+        return None;
+    }
+    Some((&bytes[start..end], &bytes[end + 1..]))
+}
+
+/// A change message of the map's channel: op, epoch, rev, then the
+/// operation's arguments.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Change {
+    pub(crate) epoch: String,
+    pub(crate) rev: u64,
+    pub(crate) op: Op,
+}
+
+/// What changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Op {
+    Set {
+        key: String,
+        value: String,
+    },
+    Delete {
+        key: String,
+    },
+    /// The encoded items appended to the list at `key`.
+    Append {
+        key: String,
+        suffix: String,
+    },
+    /// Items removed from the list at `key` (every occurrence).
+    Remove {
+        key: String,
+        items: Vec<String>,
+    },
+    Reset,
+    Destroy,
+}
+
+impl Change {
+    /// Parses a message; `None` when it is malformed.
+    pub(crate) fn parse(bytes: &[u8]) -> Option<Self> {
+        let mut fields = Vec::new();
+        let mut rest = bytes;
+        while !rest.is_empty() {
+            let (field, tail) = split_netstring(rest)?;
+            fields.push(String::from_utf8(field.to_vec()).ok()?);
+            rest = tail;
+        }
+        let mut fields = fields.into_iter();
+        let op = fields.next()?;
+        let epoch = fields.next()?;
+        let rev = fields.next()?.parse().ok()?;
+        let args: Vec<String> = fields.collect();
+        let op = match (op.as_str(), args.as_slice()) {
+            ("set", [key, value]) => Op::Set { key: key.clone(), value: value.clone() },
+            ("del", [key]) => Op::Delete { key: key.clone() },
+            ("append", [key, suffix]) => Op::Append { key: key.clone(), suffix: suffix.clone() },
+            ("remove", [key, items]) => Op::Remove { key: key.clone(), items: decode_list(items)? },
+            ("reset", []) => Op::Reset,
+            ("destroy", []) => Op::Destroy,
+            _ => return None,
+        };
+        Some(Self { epoch, rev, op })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lists_round_trip_any_text() {
+        for items in [vec![], vec![""], vec!["a", "b,c", "1:2,", "ünï", ""]] {
+            let encoded = encode_list(&items);
+            assert_eq!(decode_list(&encoded).unwrap(), items);
+        }
+        assert_eq!(encode_list(&["ab", ""]), "2:ab,0:,");
+        assert_eq!(decode_list("3:ab,"), None);
+        assert_eq!(decode_list("x"), None);
+        assert_eq!(decode_list("-12:v0,"), None);
+        assert_eq!(decode_list("+1:a,"), None);
+    }
+
+    #[test]
+    fn change_messages_parse_and_malformed_ones_are_refused() {
+        let set = Change::parse(b"3:set,2:e1,2:17,1:k,3:v,w,").unwrap();
+        assert_eq!(
+            set,
+            Change { epoch: "e1".into(), rev: 17, op: Op::Set { key: "k".into(), value: "v,w".into() } }
+        );
+        let remove = Change::parse(b"6:remove,1:e,1:2,1:k,8:1:a,1:b,,").unwrap();
+        assert_eq!(remove.op, Op::Remove { key: "k".into(), items: vec!["a".into(), "b".into()] });
+        for bad in
+            [&b""[..], b"3:set,", b"3:set,1:e,1:x,1:k,1:v,", b"5:reset,1:e,1:1,1:k,", b"4:nope,1:e,1:1,"]
+        {
+            assert_eq!(Change::parse(bad), None, "{}", String::from_utf8_lossy(bad));
+        }
+    }
+}

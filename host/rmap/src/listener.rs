@@ -1,0 +1,140 @@
+//! The task that keeps a replica in sync: it reads the change channel,
+//! applies changes under the revision rule, reloads the map when it missed
+//! something, and reconnects when the subscription drops.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use redis::aio::PubSubStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::codec::Change;
+use crate::map::Shared;
+use crate::replica::Applied;
+use crate::subscription::MapEvent;
+
+/// First wait before reconnecting; doubled per failure up to
+/// [`MAX_BACKOFF`]. Short, because a replica that is not subscribed is
+/// blind to changes.
+const FIRST_BACKOFF: Duration = Duration::from_millis(50);
+/// Longest wait between reconnection attempts.
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// Serves the replica until `token` is cancelled.
+pub(crate) async fn listen(shared: Arc<Shared>, mut stream: PubSubStream, token: CancellationToken) {
+    // Set when a reload failed: the next message tries again.
+    let mut stale = false;
+    loop {
+        let message = tokio::select! {
+            biased;
+            () = token.cancelled() => return,
+            message = stream.next() => message,
+        };
+        let Some(message) = message else {
+            tracing::warn!("disconnected from the change channel; reconnecting");
+            match reconnect(&shared, &token).await {
+                Some(new_stream) => {
+                    stream = new_stream;
+                    stale = false;
+                    tracing::info!("reconnected");
+                    continue;
+                }
+                None => return,
+            }
+        };
+        let Some(change) = Change::parse(message.get_payload_bytes()) else {
+            tracing::warn!(message = %String::from_utf8_lossy(message.get_payload_bytes()), "skipped a malformed change message");
+            continue;
+        };
+        let applied = if stale { Applied::Resync } else { shared.apply(change) };
+        if applied == Applied::Resync {
+            stale = match snapshot(&shared).await {
+                Ok(fields) => {
+                    shared.load(fields);
+                    false
+                }
+                Err(error) => {
+                    tracing::warn!(error = %error, "failed to reload the map; retrying on the next change");
+                    true
+                }
+            };
+        }
+    }
+}
+
+/// Subscribes again and reloads the map, until it works or `token` is
+/// cancelled.
+async fn reconnect(shared: &Shared, token: &CancellationToken) -> Option<PubSubStream> {
+    let mut backoff = FIRST_BACKOFF;
+    loop {
+        let attempt = async {
+            let stream = subscribe(shared).await?;
+            let fields = snapshot(shared).await?;
+            Ok::<_, redis::RedisError>((stream, fields))
+        };
+        let result = tokio::select! {
+            biased;
+            () = token.cancelled() => return None,
+            result = attempt => result,
+        };
+        match result {
+            Ok((stream, fields)) => {
+                shared.load(fields);
+                return Some(stream);
+            }
+            Err(error) => tracing::debug!(error = %error, ?backoff, "reconnection failed"),
+        }
+        // Jitter spreads the reconnections of many replicas after a restart.
+        let wait = backoff.mul_f64(0.5 + fastrand::f64());
+        tokio::select! {
+            biased;
+            () = token.cancelled() => return None,
+            () = tokio::time::sleep(wait) => {}
+        }
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+/// A new subscription to the map's change channel, confirmed by Redis.
+pub(crate) async fn subscribe(shared: &Shared) -> redis::RedisResult<PubSubStream> {
+    let mut pubsub = shared.client.get_async_pubsub().await?;
+    // Returns once Redis confirmed the subscription: changes from here on
+    // are queued for us, so a snapshot taken now misses nothing.
+    pubsub.subscribe(&shared.keys.channel).await?;
+    Ok(pubsub.into_on_message())
+}
+
+/// The whole hash, for a replica to load.
+pub(crate) async fn snapshot(shared: &Shared) -> redis::RedisResult<HashMap<String, String>> {
+    let mut conn = shared.conn.clone();
+    redis::cmd("HGETALL").arg(&shared.keys.hash).query_async(&mut conn).await
+}
+
+impl Shared {
+    /// Applies one change and tells subscribers.
+    fn apply(&self, change: Change) -> Applied {
+        let (applied, position) = {
+            let mut replica = self.write();
+            let applied = replica.apply(change);
+            (applied, replica.position.clone())
+        };
+        if let Applied::Changed(event) = &applied {
+            self.position.send_replace(position);
+            self.subscribers.publish(event);
+        }
+        applied
+    }
+
+    /// Replaces the replica with a snapshot and tells subscribers.
+    pub(crate) fn load(&self, fields: HashMap<String, String>) {
+        let position = {
+            let mut replica = self.write();
+            replica.load(fields);
+            replica.position.clone()
+        };
+        self.position.send_replace(position);
+        self.subscribers.publish(&MapEvent::Resynced);
+    }
+}

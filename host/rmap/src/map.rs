@@ -1,0 +1,441 @@
+//! [`Map`]: join, local reads, atomic writes, subscriptions.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use redis::{FromRedisValue, Script};
+use tokio::sync::watch;
+use tokio_util::sync::{CancellationToken, DropGuard};
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
+
+use crate::codec::decode_list;
+use crate::error::{Error, Result};
+use crate::keys::{MapKeys, validate_key, validate_name};
+use crate::listener;
+use crate::replica::{Position, Replica};
+use crate::scripts;
+use crate::subscription::{Subscribers, Subscription};
+
+/// How a map's hash expires.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ttl {
+    /// Expires this long after it was created; writes do not extend it.
+    Absolute(Duration),
+    /// Expires this long after the last write.
+    Sliding(Duration),
+}
+
+/// Options of [`Map::join`].
+///
+/// Defaults:
+/// - `hash_tag`: the map's name (give the pool's name, so the map shares
+///   the pool's Redis Cluster slot);
+/// - `ttl`: none;
+/// - `subscriber_queue`: 64 events per subscriber before it lags.
+#[derive(Debug, Clone)]
+pub struct MapOptions {
+    hash_tag: Option<String>,
+    ttl: Option<Ttl>,
+    subscriber_queue: usize,
+}
+
+impl Default for MapOptions {
+    fn default() -> Self {
+        Self { hash_tag: None, ttl: None, subscriber_queue: 64 }
+    }
+}
+
+impl MapOptions {
+    /// The hash tag of the map's keys.
+    #[must_use]
+    pub fn hash_tag(mut self, tag: impl Into<String>) -> Self {
+        self.hash_tag = Some(tag.into());
+        self
+    }
+
+    /// A time to live for the whole map.
+    #[must_use]
+    pub fn ttl(mut self, ttl: Ttl) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+
+    /// Events queued per subscriber before it lags.
+    #[must_use]
+    pub fn subscriber_queue(mut self, events: usize) -> Self {
+        self.subscriber_queue = events;
+        self
+    }
+}
+
+/// The outcome of a conditional write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Swap {
+    /// The value before the operation.
+    pub previous: Option<String>,
+    /// Whether the condition held and the write happened.
+    pub done: bool,
+}
+
+/// A replicated map: a Redis hash mirrored in memory, read locally and
+/// written through atomic scripts whose changes every replica applies in
+/// revision order. Cheap to clone; the replica stops following Redis when
+/// the last clone is dropped or [`Map::close`] is called.
+#[derive(Clone)]
+pub struct Map {
+    shared: Arc<Shared>,
+    handle: Arc<Handle>,
+}
+
+/// State shared with the listener task.
+pub(crate) struct Shared {
+    pub(crate) name: String,
+    pub(crate) keys: MapKeys,
+    pub(crate) client: redis::Client,
+    pub(crate) conn: ConnectionManager,
+    ttl: Option<Ttl>,
+    replica: RwLock<Replica>,
+    pub(crate) position: watch::Sender<Position>,
+    pub(crate) subscribers: Subscribers,
+}
+
+/// Owns the listener: cancels it when the last [`Map`] clone goes.
+struct Handle {
+    token: CancellationToken,
+    tasks: TaskTracker,
+    _cancel_on_drop: DropGuard,
+}
+
+impl Map {
+    /// Joins the map `name` on the Redis of `client`: subscribes to its
+    /// changes, then loads it, so no change is missed between the two.
+    ///
+    /// # Errors
+    /// [`Error::InvalidName`] for a bad name or hash tag; [`Error::Redis`]
+    /// when Redis cannot be reached.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future leaves nothing behind.
+    pub async fn join(client: &redis::Client, name: &str, options: MapOptions) -> Result<Self> {
+        validate_name("map name", name)?;
+        let tag = options.hash_tag.clone().unwrap_or_else(|| name.to_owned());
+        validate_name("hash tag", &tag)?;
+        let redis_error = |source| Error::Redis { op: "join", map: name.to_owned(), source };
+        let conn = ConnectionManager::new(client.clone()).await.map_err(redis_error)?;
+        let shared = Arc::new(Shared {
+            name: name.to_owned(),
+            keys: MapKeys::new(&tag, name),
+            client: client.clone(),
+            conn,
+            ttl: options.ttl,
+            replica: RwLock::new(Replica::default()),
+            position: watch::Sender::new(Position::default()),
+            subscribers: Subscribers::new(options.subscriber_queue),
+        });
+        let stream = listener::subscribe(&shared).await.map_err(redis_error)?;
+        let fields = listener::snapshot(&shared).await.map_err(redis_error)?;
+        shared.load(fields);
+
+        let token = CancellationToken::new();
+        let tasks = TaskTracker::new();
+        let span = tracing::info_span!("rmap.listener", map = %name);
+        tasks.spawn(listener::listen(shared.clone(), stream, token.clone()).instrument(span));
+        tasks.close();
+        tracing::debug!(map = %name, "joined");
+        let handle = Handle { _cancel_on_drop: token.clone().drop_guard(), token, tasks };
+        Ok(Self { shared, handle: Arc::new(handle) })
+    }
+
+    /// The map's name.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// The value at `key` in the local replica.
+    pub fn get(&self, key: &str) -> Option<String> {
+        self.shared.read().content.get(key).cloned()
+    }
+
+    /// The list at `key` (written by [`Map::append_values`] and friends), or
+    /// `None` when the key is absent or does not hold a list.
+    pub fn get_values(&self, key: &str) -> Option<Vec<String>> {
+        self.shared.read().content.get(key).and_then(|value| decode_list(value))
+    }
+
+    /// The keys of the local replica, in no particular order.
+    pub fn keys(&self) -> Vec<String> {
+        self.shared.read().content.keys().cloned().collect()
+    }
+
+    /// How many keys the local replica holds.
+    pub fn len(&self) -> usize {
+        self.shared.read().content.len()
+    }
+
+    /// Whether the local replica is empty.
+    pub fn is_empty(&self) -> bool {
+        self.shared.read().content.is_empty()
+    }
+
+    /// A copy of the local replica.
+    pub fn snapshot(&self) -> HashMap<String, String> {
+        self.shared.read().content.clone()
+    }
+
+    /// The last revision the local replica applied (0 for a map never
+    /// written, or destroyed).
+    pub fn revision(&self) -> u64 {
+        self.shared.read().position.rev
+    }
+
+    /// Subscribes to changes; dropping the subscription unsubscribes.
+    pub fn subscribe(&self) -> Subscription {
+        self.shared.subscribers.subscribe()
+    }
+
+    /// Live subscriptions (dropped ones are not counted).
+    pub fn subscriber_count(&self) -> usize {
+        self.shared.subscribers.count()
+    }
+
+    /// Background tasks the map runs: 1 while it follows Redis, 0 once
+    /// closed. For diagnostics and leak checks.
+    pub fn background_tasks(&self) -> usize {
+        self.handle.tasks.len()
+    }
+
+    /// Sets `key` to `value`; returns the previous value.
+    ///
+    /// # Errors
+    /// [`Error::InvalidKey`], [`Error::Closed`], or [`Error::Redis`].
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: once sent, the write happens whether or not the
+    /// future is polled to completion.
+    pub async fn set(&self, key: &str, value: &str) -> Result<Option<String>> {
+        validate_key(key)?;
+        let (_, _, previous): (u64, String, Option<String>) =
+            self.run("set", &scripts::SET, &[key, value]).await?;
+        Ok(previous)
+    }
+
+    /// Sets `key` to `value` and returns once the local replica shows this
+    /// write (or a later state), or fails after `timeout`.
+    ///
+    /// # Errors
+    /// As [`Map::set`], and [`Error::Timeout`].
+    ///
+    /// # Cancel safety
+    /// Not cancel safe (see [`Map::set`]).
+    pub async fn set_and_wait(&self, key: &str, value: &str, timeout: Duration) -> Result<Option<String>> {
+        validate_key(key)?;
+        let snapshots_before = self.shared.position.borrow().snapshots;
+        let (rev, epoch, previous): (u64, String, Option<String>) =
+            self.run("set", &scripts::SET, &[key, value]).await?;
+        let mut position = self.shared.position.subscribe();
+        let reached = |p: &Position| {
+            (p.epoch.as_deref() == Some(epoch.as_str()) && p.rev >= rev)
+                // The map was recreated since: a snapshot taken after the
+                // write reflects it or what replaced it.
+                || (p.epoch.as_deref() != Some(epoch.as_str()) && p.snapshots > snapshots_before)
+        };
+        match tokio::time::timeout(timeout, position.wait_for(reached)).await {
+            Ok(Ok(_)) => Ok(previous),
+            Ok(Err(_closed)) => Err(Error::Closed(self.shared.name.clone())),
+            Err(_elapsed) => Err(Error::Timeout { map: self.shared.name.clone(), timeout }),
+        }
+    }
+
+    /// Sets `key` only if it is absent; returns whether it did.
+    ///
+    /// # Errors
+    /// As [`Map::set`].
+    pub async fn set_if_not_exists(&self, key: &str, value: &str) -> Result<bool> {
+        validate_key(key)?;
+        let (rev, _): (u64, String) =
+            self.run("set_if_not_exists", &scripts::SET_IF_NOT_EXISTS, &[key, value]).await?;
+        Ok(rev > 0)
+    }
+
+    /// Sets `key` to `value` only if it holds `test` (a missing key never
+    /// matches).
+    ///
+    /// # Errors
+    /// As [`Map::set`].
+    pub async fn test_and_set(&self, key: &str, test: &str, value: &str) -> Result<Swap> {
+        validate_key(key)?;
+        let (rev, _, previous): (u64, String, Option<String>) =
+            self.run("test_and_set", &scripts::TEST_AND_SET, &[key, test, value]).await?;
+        Ok(Swap { previous, done: rev > 0 })
+    }
+
+    /// Deletes `key`; returns the value it held.
+    ///
+    /// # Errors
+    /// As [`Map::set`].
+    pub async fn delete(&self, key: &str) -> Result<Option<String>> {
+        validate_key(key)?;
+        let (_, _, previous): (u64, String, Option<String>) =
+            self.run("delete", &scripts::DELETE, &[key]).await?;
+        Ok(previous)
+    }
+
+    /// Deletes `key` only if it holds `test`.
+    ///
+    /// # Errors
+    /// As [`Map::set`].
+    pub async fn test_and_delete(&self, key: &str, test: &str) -> Result<Swap> {
+        validate_key(key)?;
+        let (rev, _, previous): (u64, String, Option<String>) =
+            self.run("test_and_delete", &scripts::TEST_AND_DELETE, &[key, test]).await?;
+        Ok(Swap { previous, done: rev > 0 })
+    }
+
+    /// Removes every key if each listed key holds its test value (a missing
+    /// key never matches); returns whether it did. With no pairs, always.
+    ///
+    /// # Errors
+    /// As [`Map::set`].
+    pub async fn test_and_reset(&self, tests: &[(&str, &str)]) -> Result<bool> {
+        let mut args = Vec::with_capacity(tests.len() * 2);
+        for (key, test) in tests {
+            validate_key(key)?;
+            args.extend([*key, *test]);
+        }
+        let (rev, _): (u64, String) = self.run("test_and_reset", &scripts::RESET, &args).await?;
+        Ok(rev > 0)
+    }
+
+    /// Removes every key.
+    ///
+    /// # Errors
+    /// [`Error::Closed`] or [`Error::Redis`].
+    pub async fn reset(&self) -> Result<()> {
+        let _: (u64, String) = self.run("reset", &scripts::RESET, &[]).await?;
+        Ok(())
+    }
+
+    /// Deletes the map from Redis; every replica empties. A later write
+    /// creates it anew.
+    ///
+    /// # Errors
+    /// [`Error::Closed`] or [`Error::Redis`].
+    pub async fn destroy(&self) -> Result<()> {
+        let _: (u64, String) = self.run("destroy", &scripts::DESTROY, &[]).await?;
+        Ok(())
+    }
+
+    /// Adds `delta` to the integer at `key` (absent counts as 0); returns
+    /// the new value.
+    ///
+    /// # Errors
+    /// As [`Map::set`]; [`Error::Redis`] when the value is not an integer.
+    pub async fn increment(&self, key: &str, delta: i64) -> Result<i64> {
+        validate_key(key)?;
+        let delta = delta.to_string();
+        let (_, _, value): (u64, String, i64) =
+            self.run("increment", &scripts::INCREMENT, &[key, &delta]).await?;
+        Ok(value)
+    }
+
+    /// Appends `items` to the list at `key`; returns the new list.
+    ///
+    /// # Errors
+    /// As [`Map::set`].
+    pub async fn append_values(&self, key: &str, items: &[&str]) -> Result<Vec<String>> {
+        self.append(key, items, false).await
+    }
+
+    /// Appends the `items` not yet in the list at `key` (once each);
+    /// returns the new list.
+    ///
+    /// # Errors
+    /// As [`Map::set`].
+    pub async fn append_unique_values(&self, key: &str, items: &[&str]) -> Result<Vec<String>> {
+        self.append(key, items, true).await
+    }
+
+    /// Removes every occurrence of `items` from the list at `key`; returns
+    /// what remains, or `None` when the key is absent or the list became
+    /// empty (the key is then deleted).
+    ///
+    /// # Errors
+    /// As [`Map::set`].
+    pub async fn remove_values(&self, key: &str, items: &[&str]) -> Result<Option<Vec<String>>> {
+        validate_key(key)?;
+        let mut args = vec![key];
+        args.extend_from_slice(items);
+        let (_, _, value): (u64, String, Option<String>) =
+            self.run("remove_values", &scripts::REMOVE_VALUES, &args).await?;
+        Ok(value.and_then(|v| decode_list(&v)))
+    }
+
+    /// Stops following Redis and ends every subscription. Reads keep
+    /// answering from the last state; writes fail with [`Error::Closed`].
+    /// Idempotent.
+    pub async fn close(&self) {
+        self.handle.token.cancel();
+        self.handle.tasks.wait().await;
+        self.shared.subscribers.close();
+        tracing::debug!(map = %self.shared.name, "closed");
+    }
+
+    async fn append(&self, key: &str, items: &[&str], unique: bool) -> Result<Vec<String>> {
+        validate_key(key)?;
+        let mut args = vec![if unique { "1" } else { "0" }, key];
+        args.extend_from_slice(items);
+        let (_, _, value): (u64, String, Option<String>) =
+            self.run("append_values", &scripts::APPEND_VALUES, &args).await?;
+        Ok(value.and_then(|v| decode_list(&v)).unwrap_or_default())
+    }
+
+    /// Runs a mutation script with the arguments every script shares.
+    async fn run<T: FromRedisValue>(&self, op: &'static str, script: &Script, args: &[&str]) -> Result<T> {
+        if self.handle.token.is_cancelled() {
+            return Err(Error::Closed(self.shared.name.clone()));
+        }
+        let (ttl_ms, mode) = match self.shared.ttl {
+            None => (0, "absolute"),
+            Some(Ttl::Absolute(ttl)) => (ttl.as_millis().max(1), "absolute"),
+            Some(Ttl::Sliding(ttl)) => (ttl.as_millis().max(1), "sliding"),
+        };
+        let mut invocation = script.key(&self.shared.keys.hash);
+        invocation
+            .arg(&self.shared.keys.channel)
+            .arg(format!("{:016x}", fastrand::u64(..)))
+            .arg(ttl_ms.to_string())
+            .arg(mode);
+        for arg in args {
+            invocation.arg(*arg);
+        }
+        let mut conn = self.shared.conn.clone();
+        invocation.invoke_async(&mut conn).await.map_err(|source| Error::Redis {
+            op,
+            map: self.shared.name.clone(),
+            source,
+        })
+    }
+}
+
+impl std::fmt::Debug for Map {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Map")
+            .field("name", &self.shared.name)
+            .field("len", &self.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Shared {
+    pub(crate) fn read(&self) -> RwLockReadGuard<'_, Replica> {
+        // A std lock: held for map lookups only, never across an await.
+        self.replica.read().unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    pub(crate) fn write(&self) -> RwLockWriteGuard<'_, Replica> {
+        self.replica.write().unwrap_or_else(|poison| poison.into_inner())
+    }
+}
