@@ -42,6 +42,7 @@ pub enum Listen {
 pub struct RedisServer {
     dir: tempfile::TempDir,
     listen: Listen,
+    persistent: bool,
     port: u16,
     url: String,
     process: Option<Process>,
@@ -70,6 +71,21 @@ impl RedisServer {
     /// # Panics
     /// As [`RedisServer::start`].
     pub fn start_on(listen: Listen) -> Self {
+        Self::start_with(listen, false)
+    }
+
+    /// Starts a server on a unix socket that writes every change to an
+    /// append-only file (`appendfsync always`) in its folder, so a
+    /// [`RedisServer::restart`] after [`RedisServer::kill`] comes back with
+    /// everything it had acknowledged.
+    ///
+    /// # Panics
+    /// As [`RedisServer::start`].
+    pub fn start_persistent() -> Self {
+        Self::start_with(Listen::Unix, true)
+    }
+
+    fn start_with(listen: Listen, persistent: bool) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("pulse-redis-")
             .tempdir()
@@ -82,7 +98,7 @@ impl RedisServer {
             Listen::Unix => format!("redis+unix://{}", dir.path().join("redis.sock").display()),
             Listen::Tcp => format!("redis://127.0.0.1:{port}/"),
         };
-        let mut server = Self { dir, listen, port, url, process: None };
+        let mut server = Self { dir, listen, persistent, port, url, process: None };
         server.spawn();
         server
     }
@@ -103,7 +119,7 @@ impl RedisServer {
     }
 
     /// Kills the server with SIGKILL, as a crash would, and waits until it
-    /// is gone. Its data is lost: the server keeps nothing on disk.
+    /// is gone. Its data is lost, unless it is persistent.
     pub fn kill(&mut self) {
         if let Some(mut process) = self.process.take() {
             // The watchdog goes first, so it never signals a pid the system
@@ -115,8 +131,9 @@ impl RedisServer {
         }
     }
 
-    /// Starts the server again on the same address, empty, killing it first
-    /// if it runs.
+    /// Starts the server again on the same address, killing it first if it
+    /// runs: empty, or for a [`RedisServer::start_persistent`] server with
+    /// what its append-only file holds.
     ///
     /// # Panics
     /// As [`RedisServer::start`].
@@ -158,7 +175,8 @@ impl RedisServer {
     fn spawn(&mut self) {
         let dir = self.dir.path();
         let mut cmd = Command::new("redis-server");
-        cmd.args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+        let appendonly = if self.persistent { "yes" } else { "no" };
+        cmd.args(["--save", "", "--appendonly", appendonly, "--appendfsync", "always", "--daemonize", "no"])
             .args(["--enable-debug-command", "local"])
             .arg("--dir")
             .arg(dir)

@@ -1,0 +1,48 @@
+//! Streams of events over Redis streams, losing none.
+//!
+//! Worker inboxes, dispatch replies and the events plugins emit travel on
+//! streams. A [`Stream`] adds events; a [`Reader`] sees every event (fan-out);
+//! a [`Sink`] is one consumer of a consumer group, where each event goes to
+//! one consumer and stays pending until acknowledged.
+//!
+//! # Layout
+//! - `stream`: [`Stream`], [`StreamOptions`], [`Start`]; bounded length
+//!   that never drops an unacknowledged event.
+//! - `reader`: [`Reader`], [`ReaderSubscription`], [`ReaderEvent`].
+//! - `sink`: [`Sink`], [`SinkOptions`]: heartbeats, claiming, reaping, and
+//!   recreation of a lost group.
+//! - `event`: [`Event`], [`TopicFilter`], defensive decoding.
+//! - `keys`: every Redis key name; `scripts`: the Lua scripts (`lua/`).
+//! - `backoff`: waits between reconnection attempts.
+//!
+//! ```no_run
+//! # async fn example() -> pulse_streams::Result<()> {
+//! use pulse_streams::{SinkOptions, Stream, StreamOptions};
+//!
+//! let client = redis::Client::open("redis://127.0.0.1/").expect("a valid URL");
+//! let stream = Stream::open(&client, "inbox", StreamOptions::default().hash_tag("orders")).await?;
+//! let mut sink = stream.sink("workers", SinkOptions::default()).await?;
+//! stream.add("start", b"payload", None).await?;
+//! if let Some(event) = sink.recv().await {
+//!     sink.ack(&event.id).await?;
+//! }
+//! sink.close().await;
+//! # Ok(())
+//! # }
+//! ```
+#![warn(missing_docs)]
+
+mod backoff;
+mod error;
+mod event;
+mod keys;
+mod reader;
+mod scripts;
+mod sink;
+mod stream;
+
+pub use error::{Error, Result};
+pub use event::{Event, TopicFilter};
+pub use reader::{Reader, ReaderEvent, ReaderOptions, ReaderSubscription};
+pub use sink::{Sink, SinkOptions};
+pub use stream::{Start, Stream, StreamOptions, Ttl};

@@ -1,0 +1,389 @@
+//! [`Sink`]: one consumer of a consumer group; each event of the stream
+//! goes to one consumer of the group, and stays pending until acknowledged.
+//!
+//! Three things keep a group from losing or stranding events:
+//! - every consumer heartbeats on Redis time; entries left unacknowledged
+//!   longer than the grace period are claimed (`XAUTOCLAIM`) by a live
+//!   consumer and delivered again;
+//! - a consumer silent for two grace periods is removed, but only once it
+//!   holds no pending entry (removing it would discard them);
+//! - when the group is gone (`NOGROUP`: Redis restarted empty, the stream
+//!   was flushed, someone ran `XGROUP DESTROY`), the sink creates it again,
+//!   reading from the oldest entry still in the stream: events that were
+//!   acknowledged before may come again, none is skipped.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use redis::streams::{StreamAutoClaimReply, StreamId, StreamReadReply};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
+
+use crate::backoff::Backoff;
+use crate::error::{Error, Result};
+use crate::event::{Event, TopicFilter};
+use crate::keys::validate_name;
+use crate::scripts;
+use crate::stream::{Start, Stream};
+
+/// Options of [`Stream::sink`].
+///
+/// Defaults:
+/// - `start`: [`Start::Newest`]: where a group that does not exist yet
+///   starts (an existing group keeps its position);
+/// - `ack_grace`: 20 s: how long an entry may stay unacknowledged before a
+///   live consumer gets it again; consumers silent for twice that are
+///   removed once they hold nothing;
+/// - `filter`: every topic (events of other topics are acknowledged
+///   unseen);
+/// - `block` 5 s and `count` 100 per `XREADGROUP`; `queue` 256 events
+///   between the reading task and [`Sink::recv`].
+#[derive(Debug, Clone)]
+pub struct SinkOptions {
+    start: Start,
+    ack_grace: Duration,
+    filter: TopicFilter,
+    block: Duration,
+    count: usize,
+    queue: usize,
+}
+
+impl Default for SinkOptions {
+    fn default() -> Self {
+        Self {
+            start: Start::Newest,
+            ack_grace: Duration::from_secs(20),
+            filter: TopicFilter::All,
+            block: Duration::from_secs(5),
+            count: 100,
+            queue: 256,
+        }
+    }
+}
+
+impl SinkOptions {
+    /// Where a new group starts.
+    #[must_use]
+    pub fn start(mut self, start: Start) -> Self {
+        self.start = start;
+        self
+    }
+
+    /// The grace period before an unacknowledged entry is delivered again.
+    #[must_use]
+    pub fn ack_grace(mut self, grace: Duration) -> Self {
+        self.ack_grace = grace;
+        self
+    }
+
+    /// Which topics are delivered.
+    #[must_use]
+    pub fn filter(mut self, filter: TopicFilter) -> Self {
+        self.filter = filter;
+        self
+    }
+
+    /// Longest a single `XREADGROUP` blocks.
+    #[must_use]
+    pub fn block(mut self, block: Duration) -> Self {
+        self.block = block;
+        self
+    }
+}
+
+/// One consumer of a consumer group.
+#[derive(Debug)]
+pub struct Sink {
+    shared: Arc<SinkShared>,
+    events: mpsc::Receiver<Event>,
+    token: CancellationToken,
+    tasks: TaskTracker,
+}
+
+#[derive(Debug)]
+struct SinkShared {
+    stream: Stream,
+    group: String,
+    consumer: String,
+    consumers_key: String,
+    options: SinkOptions,
+}
+
+impl Sink {
+    pub(crate) async fn join(stream: Stream, group: &str, options: SinkOptions) -> Result<Self> {
+        validate_name("group name", group)?;
+        if options.ack_grace < Duration::from_millis(10) || options.count == 0 || options.queue == 0 {
+            return Err(Error::InvalidOption(
+                "a sink's ack_grace must be at least 10 ms, its count and queue at least 1".into(),
+            ));
+        }
+        let consumer = format!("{}-{:08x}", std::process::id(), fastrand::u32(..));
+        let consumers_key = stream.inner.keys.consumers(group);
+        let shared =
+            Arc::new(SinkShared { stream, group: group.to_owned(), consumer, consumers_key, options });
+        let start =
+            shared.options.start.resolve(&shared.stream).await.map_err(|e| shared.error("join", e))?;
+        let mut conn = shared.stream.inner.conn.clone();
+        shared.create_group(&mut conn, &start).await.map_err(|e| shared.error("create the group", e))?;
+        shared.heartbeat(&mut conn).await.map_err(|e| shared.error("register the consumer", e))?;
+
+        let (tx, rx) = mpsc::channel(shared.options.queue);
+        let token = CancellationToken::new();
+        let tasks = TaskTracker::new();
+        let span = tracing::info_span!("streams.sink", stream = %shared.stream.name(), group, consumer = %shared.consumer);
+        tasks.spawn(read_loop(shared.clone(), tx.clone(), token.clone()).instrument(span.clone()));
+        tasks.spawn(upkeep_loop(shared.clone(), tx, token.clone()).instrument(span));
+        tasks.close();
+        Ok(Self { shared, events: rx, token, tasks })
+    }
+
+    /// This consumer's name in the group.
+    pub fn consumer(&self) -> &str {
+        &self.shared.consumer
+    }
+
+    /// The next event for this consumer; `None` once closed. Acknowledge it
+    /// with [`Sink::ack`] when it is handled, or it is delivered again after
+    /// the grace period (here or to another consumer).
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn recv(&mut self) -> Option<Event> {
+        self.events.recv().await
+    }
+
+    /// Acknowledges event `id`: the group will not deliver it again.
+    ///
+    /// # Errors
+    /// [`Error::Redis`].
+    pub async fn ack(&self, id: &str) -> Result<()> {
+        let mut conn = self.shared.stream.inner.conn.clone();
+        self.shared.ack(&mut conn, id).await.map_err(|e| self.shared.error("acknowledge an event", e))
+    }
+
+    /// Stops consuming, promptly. The consumer leaves the group if it holds
+    /// no pending entry; otherwise it stays until live consumers have
+    /// claimed its entries. Events already received but not acknowledged
+    /// will be delivered again. Safe to call twice.
+    pub async fn close(&mut self) {
+        self.token.cancel();
+        self.tasks.wait().await;
+        self.events.close();
+        let shared = &self.shared;
+        let mut conn = shared.stream.inner.conn.clone();
+        let left: redis::RedisResult<i64> = scripts::LEAVE
+            .key(&shared.stream.inner.keys.stream)
+            .key(&shared.consumers_key)
+            .arg(&shared.group)
+            .arg(&shared.consumer)
+            .invoke_async(&mut conn)
+            .await;
+        if let Err(error) = left {
+            tracing::warn!(error = %error, consumer = %shared.consumer, "failed to leave the group; it will be reaped");
+        }
+    }
+}
+
+impl Drop for Sink {
+    fn drop(&mut self) {
+        self.token.cancel();
+    }
+}
+
+impl SinkShared {
+    fn error(&self, op: &'static str, source: redis::RedisError) -> Error {
+        Error::Redis { op, stream: self.stream.name().to_owned(), source }
+    }
+
+    /// Creates the group (and the stream) unless it exists, and records it
+    /// for [`Stream::destroy`].
+    async fn create_group(
+        &self,
+        conn: &mut impl redis::aio::ConnectionLike,
+        start: &str,
+    ) -> redis::RedisResult<()> {
+        let keys = &self.stream.inner.keys;
+        let created: redis::RedisResult<()> = redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(&keys.stream)
+            .arg(&self.group)
+            .arg(start)
+            .arg("MKSTREAM")
+            .exec_async(conn)
+            .await;
+        match created {
+            Err(error) if error.code() != Some("BUSYGROUP") => return Err(error),
+            _ => {}
+        }
+        redis::cmd("SADD").arg(&keys.groups).arg(&self.group).exec_async(conn).await
+    }
+
+    async fn heartbeat(&self, conn: &mut impl redis::aio::ConnectionLike) -> redis::RedisResult<()> {
+        let _: u64 =
+            scripts::HEARTBEAT.key(&self.consumers_key).arg(&self.consumer).invoke_async(conn).await?;
+        Ok(())
+    }
+
+    async fn ack(&self, conn: &mut impl redis::aio::ConnectionLike, id: &str) -> redis::RedisResult<()> {
+        redis::cmd("XACK").arg(&self.stream.inner.keys.stream).arg(&self.group).arg(id).exec_async(conn).await
+    }
+
+    /// Decodes and filters an entry; acknowledges what is not to be
+    /// delivered (malformed, or another topic) so it does not come back.
+    async fn admit(&self, conn: &mut impl redis::aio::ConnectionLike, entry: &StreamId) -> Option<Event> {
+        let event = match Event::decode(entry) {
+            Some(event) if self.options.filter.accepts(&event) => return Some(event),
+            Some(_) => None,
+            None => {
+                tracing::warn!(id = %entry.id, "acknowledged a malformed stream entry without delivering it");
+                None
+            }
+        };
+        if let Err(error) = self.ack(conn, &entry.id).await {
+            tracing::warn!(id = %entry.id, error = %error, "failed to acknowledge a skipped entry");
+        }
+        event
+    }
+}
+
+/// Reads new entries for this consumer.
+async fn read_loop(shared: Arc<SinkShared>, tx: mpsc::Sender<Event>, token: CancellationToken) {
+    let mut backoff = Backoff::new();
+    let mut conn: Option<MultiplexedConnection> = None;
+    loop {
+        let read = async {
+            // A connection of its own: a blocked XREADGROUP holds it, and
+            // dropping it makes close prompt.
+            let conn = match conn.as_mut() {
+                Some(conn) => conn,
+                None => conn.insert(shared.stream.inner.client.get_multiplexed_async_connection().await?),
+            };
+            redis::cmd("XREADGROUP")
+                .arg("GROUP")
+                .arg(&shared.group)
+                .arg(&shared.consumer)
+                .arg("COUNT")
+                .arg(shared.options.count)
+                .arg("BLOCK")
+                .arg(u64::try_from(shared.options.block.as_millis()).unwrap_or(u64::MAX))
+                .arg("STREAMS")
+                .arg(&shared.stream.inner.keys.stream)
+                .arg(">")
+                .query_async::<Option<StreamReadReply>>(conn)
+                .await
+        };
+        let reply = tokio::select! {
+            biased;
+            () = token.cancelled() => return,
+            reply = read => reply,
+        };
+        match reply {
+            Ok(reply) => {
+                backoff.reset();
+                for entry in reply.into_iter().flat_map(|r| r.keys).flat_map(|k| k.ids) {
+                    let mut ack_conn = shared.stream.inner.conn.clone();
+                    if let Some(event) = shared.admit(&mut ack_conn, &entry).await {
+                        // Waits for room: the entry is pending in Redis until
+                        // acknowledged, so an abandoned send loses nothing.
+                        tokio::select! {
+                            biased;
+                            () = token.cancelled() => return,
+                            sent = tx.send(event) => if sent.is_err() { return },
+                        }
+                    }
+                }
+            }
+            Err(error) if error.code() == Some("NOGROUP") => {
+                tracing::warn!("the consumer group is gone; creating it again from the oldest entry");
+                let mut conn = shared.stream.inner.conn.clone();
+                if let Err(error) = shared.create_group(&mut conn, "0").await {
+                    tracing::warn!(error = %error, "failed to create the group again");
+                }
+            }
+            Err(error) => {
+                conn = None;
+                let wait = backoff.next();
+                tracing::debug!(error = %error, ?wait, "read failed; retrying");
+                tokio::select! {
+                    biased;
+                    () = token.cancelled() => return,
+                    () = tokio::time::sleep(wait) => {}
+                }
+            }
+        }
+    }
+}
+
+/// Heartbeats, claims entries left unacknowledged past the grace period,
+/// and removes dead consumers that hold nothing: every quarter grace period.
+async fn upkeep_loop(shared: Arc<SinkShared>, tx: mpsc::Sender<Event>, token: CancellationToken) {
+    let period = shared.options.ack_grace / 4;
+    loop {
+        tokio::select! {
+            biased;
+            () = token.cancelled() => return,
+            () = tokio::time::sleep(period) => {}
+        }
+        let mut conn = shared.stream.inner.conn.clone();
+        if let Err(error) = shared.heartbeat(&mut conn).await {
+            tracing::debug!(error = %error, "heartbeat failed");
+            continue;
+        }
+        if let Err(error) = claim(&shared, &tx, &token, &mut conn).await {
+            tracing::debug!(error = %error, "claiming idle entries failed");
+        }
+        let dead_after = u64::try_from((shared.options.ack_grace * 2).as_millis()).unwrap_or(u64::MAX);
+        let reaped: redis::RedisResult<Vec<String>> = scripts::REAP
+            .key(&shared.stream.inner.keys.stream)
+            .key(&shared.consumers_key)
+            .arg(&shared.group)
+            .arg(dead_after)
+            .invoke_async(&mut conn)
+            .await;
+        match reaped {
+            Ok(reaped) if !reaped.is_empty() => tracing::info!(consumers = ?reaped, "removed dead consumers"),
+            Ok(_) => {}
+            Err(error) => tracing::debug!(error = %error, "removing dead consumers failed"),
+        }
+    }
+}
+
+/// Claims every entry idle longer than the grace period for this consumer
+/// and delivers it.
+async fn claim(
+    shared: &SinkShared,
+    tx: &mpsc::Sender<Event>,
+    token: &CancellationToken,
+    conn: &mut redis::aio::ConnectionManager,
+) -> redis::RedisResult<()> {
+    let grace = u64::try_from(shared.options.ack_grace.as_millis()).unwrap_or(u64::MAX);
+    let mut cursor = "0-0".to_owned();
+    loop {
+        let reply: StreamAutoClaimReply = redis::cmd("XAUTOCLAIM")
+            .arg(&shared.stream.inner.keys.stream)
+            .arg(&shared.group)
+            .arg(&shared.consumer)
+            .arg(grace)
+            .arg(&cursor)
+            .arg("COUNT")
+            .arg(100)
+            .query_async(conn)
+            .await?;
+        for entry in &reply.claimed {
+            if let Some(event) = shared.admit(conn, entry).await {
+                tokio::select! {
+                    biased;
+                    () = token.cancelled() => return Ok(()),
+                    sent = tx.send(event) => if sent.is_err() { return Ok(()) },
+                }
+            }
+        }
+        if reply.next_stream_id == "0-0" {
+            return Ok(());
+        }
+        cursor = reply.next_stream_id;
+    }
+}

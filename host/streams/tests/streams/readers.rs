@@ -1,0 +1,170 @@
+//! Readers: every reader sees every event, in order.
+
+use std::time::{Duration, Instant};
+
+use pulse_streams::{
+    Event, ReaderEvent, ReaderOptions, ReaderSubscription, Start, StreamOptions, TopicFilter,
+};
+use pulse_testkit::unique;
+
+use crate::{PATIENCE, destroy_and_check, open, payloads};
+
+async fn next(subscription: &mut ReaderSubscription) -> ReaderEvent {
+    tokio::time::timeout(PATIENCE, subscription.recv())
+        .await
+        .expect("an event in time")
+        .expect("an open reader")
+}
+
+async fn events(subscription: &mut ReaderSubscription, count: usize) -> Vec<Event> {
+    let mut events = Vec::new();
+    while events.len() < count {
+        match next(subscription).await {
+            ReaderEvent::Event(event) => events.push(event),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    events
+}
+
+#[tokio::test]
+async fn every_reader_and_subscriber_sees_every_event_in_order() {
+    let name = unique("fan_out");
+    let stream = open(&name, StreamOptions::default()).await;
+    let first = stream.reader(ReaderOptions::default()).await.unwrap();
+    let second = stream.reader(ReaderOptions::default()).await.unwrap();
+    let mut subscriptions = [first.subscribe(), first.subscribe(), second.subscribe()];
+    let sent: Vec<String> = (0..50).map(|i| format!("event-{i}")).collect();
+    for payload in &sent {
+        stream.add("e", payload.as_bytes(), None).await.unwrap();
+    }
+    for subscription in &mut subscriptions {
+        assert_eq!(payloads(&events(subscription, sent.len()).await), sent);
+    }
+    first.close().await;
+    second.close().await;
+    destroy_and_check(&stream, &name).await;
+}
+
+#[tokio::test]
+async fn filters_pass_exact_topics_and_patterns() {
+    let name = unique("filters");
+    let stream = open(&name, StreamOptions::default()).await;
+    let exact = stream
+        .reader(ReaderOptions::default().filter(TopicFilter::Exact("orders.created".into())))
+        .await
+        .unwrap();
+    let pattern = stream
+        .reader(ReaderOptions::default().filter(TopicFilter::Pattern("orders.*".into())))
+        .await
+        .unwrap();
+    let (mut exact_sub, mut pattern_sub) = (exact.subscribe(), pattern.subscribe());
+    stream.add("e", b"1", Some("orders.created")).await.unwrap();
+    stream.add("e", b"2", Some("users.created")).await.unwrap();
+    stream.add("e", b"3", None).await.unwrap();
+    stream.add("e", b"4", Some("orders.shipped")).await.unwrap();
+    stream.add("e", b"5", Some("orders.created")).await.unwrap();
+    assert_eq!(payloads(&events(&mut exact_sub, 2).await), ["1", "5"]);
+    assert_eq!(payloads(&events(&mut pattern_sub, 3).await), ["1", "4", "5"]);
+    exact.close().await;
+    pattern.close().await;
+    destroy_and_check(&stream, &name).await;
+}
+
+#[tokio::test]
+async fn readers_start_at_oldest_newest_an_id_or_a_time() {
+    let name = unique("starts");
+    let stream = open(&name, StreamOptions::default()).await;
+    let first = stream.add("e", b"old-1", None).await.unwrap();
+    stream.add("e", b"old-2", None).await.unwrap();
+    let newest = stream.reader(ReaderOptions::default()).await.unwrap();
+    let oldest = stream.reader(ReaderOptions::default().start(Start::Oldest)).await.unwrap();
+    let after = stream.reader(ReaderOptions::default().start(Start::After(first.clone()))).await.unwrap();
+    let ms: u64 = first.split('-').next().unwrap().parse().unwrap();
+    let at = stream.reader(ReaderOptions::default().start(Start::At(ms))).await.unwrap();
+    // Added before anyone subscribed, after the reader was created: a
+    // reader starting at the newest event still gets it.
+    stream.add("e", b"new", None).await.unwrap();
+
+    assert_eq!(payloads(&events(&mut newest.subscribe(), 1).await), ["new"]);
+    assert_eq!(payloads(&events(&mut oldest.subscribe(), 3).await), ["old-1", "old-2", "new"]);
+    assert_eq!(payloads(&events(&mut after.subscribe(), 2).await), ["old-2", "new"]);
+    let from_time = events(&mut at.subscribe(), 3).await;
+    assert_eq!(payloads(&from_time), ["old-1", "old-2", "new"]);
+    assert_eq!(from_time[0].created_at_ms(), ms);
+    for reader in [newest, oldest, after, at] {
+        reader.close().await;
+    }
+    destroy_and_check(&stream, &name).await;
+}
+
+#[tokio::test]
+async fn a_slow_subscriber_lags_with_a_resume_point_and_stalls_no_one() {
+    let name = unique("lag");
+    let stream = open(&name, StreamOptions::default()).await;
+    let reader = stream.reader(ReaderOptions::default().queue(2)).await.unwrap();
+    let (mut slow, mut fast) = (reader.subscribe(), reader.subscribe());
+    // The fast one drains as events come; the slow one does not read yet.
+    for i in 0..6 {
+        stream.add("e", i.to_string().as_bytes(), None).await.unwrap();
+        assert_eq!(payloads(&events(&mut fast, 1).await), [i.to_string()]);
+    }
+    let received = events(&mut slow, 2).await;
+    assert_eq!(payloads(&received), ["0", "1"]);
+    assert_eq!(next(&mut slow).await, ReaderEvent::Lagged { resume_after: received[1].id.clone() });
+    // A reader from the resume point gets exactly what was missed.
+    let resume =
+        stream.reader(ReaderOptions::default().start(Start::After(received[1].id.clone()))).await.unwrap();
+    assert_eq!(payloads(&events(&mut resume.subscribe(), 4).await), ["2", "3", "4", "5"]);
+    resume.close().await;
+    reader.close().await;
+    destroy_and_check(&stream, &name).await;
+}
+
+#[tokio::test]
+async fn close_is_prompt_idempotent_and_ends_subscriptions() {
+    let name = unique("close");
+    let stream = open(&name, StreamOptions::default()).await;
+    let reader = stream.reader(ReaderOptions::default().block(Duration::from_secs(60))).await.unwrap();
+    let mut subscription = reader.subscribe();
+    // Let the reader block in XREAD: nothing to await but its start.
+    stream.add("e", b"x", None).await.unwrap();
+    events(&mut subscription, 1).await;
+    let started = Instant::now();
+    reader.close().await;
+    reader.close().await;
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "close waited for the block: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(subscription.recv().await, None);
+    destroy_and_check(&stream, &name).await;
+}
+
+#[tokio::test]
+async fn a_malformed_entry_is_skipped() {
+    let name = unique("malformed_reader");
+    let stream = open(&name, StreamOptions::default()).await;
+    let reader = stream.reader(ReaderOptions::default()).await.unwrap();
+    let mut subscription = reader.subscribe();
+    let mut conn = pulse_testkit::connect(pulse_testkit::shared_redis_url()).await;
+    let key = format!("pulse:{{{name}}}:stream:{name}");
+    redis::cmd("XADD").arg(&key).arg("*").arg("garbage").arg("1").exec_async(&mut conn).await.unwrap();
+    redis::cmd("XADD")
+        .arg(&key)
+        .arg("*")
+        .arg("n")
+        .arg("e")
+        .arg("t")
+        .arg(b"\xff".as_slice())
+        .arg("p")
+        .arg("x")
+        .exec_async(&mut conn)
+        .await
+        .unwrap();
+    stream.add("e", b"fine", None).await.unwrap();
+    assert_eq!(payloads(&events(&mut subscription, 1).await), ["fine"]);
+    reader.close().await;
+    destroy_and_check(&stream, &name).await;
+}
