@@ -154,6 +154,12 @@ impl Map {
         &self.shared.name
     }
 
+    /// The Redis key of the map's hash, for scripts of other crates that
+    /// read the map's revision (`=rev`) atomically with their own keys.
+    pub fn redis_key(&self) -> &str {
+        &self.shared.keys.hash
+    }
+
     /// The value at `key` in the local replica.
     pub fn get(&self, key: &str) -> Option<String> {
         self.shared.read().content.get(key).cloned()
@@ -189,6 +195,28 @@ impl Map {
     /// written, or destroyed).
     pub fn revision(&self) -> u64 {
         self.shared.read().position.rev
+    }
+
+    /// Waits until `done` holds for the local replica, checking after every
+    /// change it applies; returns whether it held within `timeout`.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn wait_until(&self, timeout: Duration, mut done: impl FnMut(&Map) -> bool) -> bool {
+        let mut position = self.shared.position.subscribe();
+        let waited = tokio::time::timeout(timeout, async {
+            loop {
+                position.borrow_and_update();
+                if done(self) {
+                    return;
+                }
+                if position.changed().await.is_err() {
+                    return;
+                }
+            }
+        })
+        .await;
+        waited.is_ok() && done(self)
     }
 
     /// Subscribes to changes; dropping the subscription unsubscribes.

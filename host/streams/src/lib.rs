@@ -46,3 +46,10 @@ pub use event::{Event, TopicFilter};
 pub use reader::{Reader, ReaderEvent, ReaderOptions, ReaderSubscription};
 pub use sink::{Sink, SinkOptions};
 pub use stream::{Start, Stream, StreamOptions, Ttl};
+
+/// The Redis key of stream `name` under hash tag `tag`: for scripts of other
+/// crates that add to a stream atomically with their own keys (entries with
+/// fields `n`, `p` and optionally `t`, as [`Stream::add`] writes them).
+pub fn stream_key(tag: &str, name: &str) -> String {
+    keys::StreamKeys::new(tag, name).stream
+}

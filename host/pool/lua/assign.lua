@@ -1,0 +1,39 @@
+-- assign(key, rev, worker) -> {'sent', token} | {'stale', rev} | {'skip'}
+--
+-- KEYS[1] jobs hash       KEYS[2] the job's record   KEYS[3] slot table
+-- KEYS[4] token counter   KEYS[5] queued set          KEYS[6] the worker's inbox
+-- KEYS[7] the worker's job set                        KEYS[8] the job's held events
+-- ARGV[1] key  ARGV[2] slot table revision  ARGV[3] worker
+--
+-- Starts a queued job on `worker`: a new token, then the start event and,
+-- in order behind it, every event held while the job waited. Atomic, so no
+-- stop or notify can slip between the start and the held events.
+local jobs, record, held = KEYS[1], KEYS[2], KEYS[8]
+local key, worker = ARGV[1], ARGV[3]
+local rev = redis.call('HGET', KEYS[3], '=rev') or '0'
+if rev ~= ARGV[2] then return {'stale', rev} end
+local job = parse(redis.call('HGET', jobs, key))
+if not job or job.state ~= 'queued' then
+  redis.call('SREM', KEYS[5], key)
+  return {'skip'}
+end
+local token = tostring(redis.call('INCR', KEYS[4]))
+local r = redis.call('HMGET', record, 'payload', 'created', 'attempt', 'state', 'requeued')
+local has_state = r[4] and '1' or '0'
+local start = ns(key) .. ns(token) .. ns('0') .. ns('') .. ns('') .. ns(r[3] or '1') .. ns(r[5] or '0')
+  .. ns(r[2] or '') .. ns(r[1] or '') .. ns(has_state) .. ns(r[4] or '')
+redis.call('XADD', KEYS[6], '*', 'n', 'start', 'p', start)
+local seq = job.seq
+for _, event in ipairs(redis.call('LRANGE', held, 0, -1)) do
+  seq = seq + 1
+  -- A held event is: kind, payload. It goes out like a live one.
+  local kind, body = string.match(event, '^(%a+):(.*)$')
+  local p = ns(key) .. ns(token) .. ns(tostring(seq)) .. ns('') .. ns('')
+  if kind == 'notify' then p = p .. ns(body) end
+  redis.call('XADD', KEYS[6], '*', 'n', kind, 'p', p)
+end
+redis.call('DEL', held)
+redis.call('HSET', jobs, key, ownership('running', worker, token, seq))
+redis.call('SREM', KEYS[5], key)
+redis.call('SADD', KEYS[7], key)
+return {'sent', token}

@@ -1,0 +1,166 @@
+//! [`JobContext`]: a handler's way back into the pool, fenced by the job's
+//! token: once the job is no longer this worker's, every request is
+//! refused with [`ContextError::NotOwned`] and changes nothing.
+
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+
+use crate::node::Core;
+use crate::scripts;
+
+/// Why the pool refused a handler's request.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ContextError {
+    /// The job is no longer owned by this worker (it moved, stopped,
+    /// completed or failed).
+    #[error("the job is no longer owned by this worker")]
+    NotOwned,
+    /// The data is over the pool's limit.
+    #[error("{size} bytes exceed the limit of {limit} bytes")]
+    TooLarge {
+        /// Its size.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// Redis could not be reached; nothing was recorded.
+    #[error("unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// Told to the worker when a job ends through its context.
+#[derive(Debug)]
+pub(crate) enum Ended {
+    Completed { key: String, token: String },
+    Failed { key: String, token: String },
+}
+
+/// A handler's handle on its job. Cheap to clone; keep it for as long as
+/// the job runs.
+#[derive(Clone)]
+pub struct JobContext {
+    pub(crate) core: Arc<Core>,
+    pub(crate) worker: String,
+    pub(crate) key: String,
+    pub(crate) token: String,
+    pub(crate) ended: mpsc::UnboundedSender<Ended>,
+}
+
+impl std::fmt::Debug for JobContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JobContext")
+            .field("key", &self.key)
+            .field("token", &self.token)
+            .finish_non_exhaustive()
+    }
+}
+
+impl JobContext {
+    /// The job's key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The worker running the job.
+    pub fn worker(&self) -> &str {
+        &self.worker
+    }
+
+    /// Stores the job's state; the next start of the job receives it.
+    ///
+    /// # Errors
+    /// [`ContextError`].
+    pub async fn save_state(&self, state: &[u8]) -> Result<(), ContextError> {
+        self.check_size(state.len())?;
+        let keys = &self.core.keys;
+        let done: i64 = self
+            .run(
+                scripts::SAVE_STATE
+                    .key(&keys.jobs)
+                    .key(keys.record(&self.key))
+                    .arg(&self.key)
+                    .arg(&self.token)
+                    .arg(state),
+            )
+            .await?;
+        if done == 1 { Ok(()) } else { Err(ContextError::NotOwned) }
+    }
+
+    /// Publishes an output event of the job on the pool's events stream
+    /// (topic: the job's key); returns its id.
+    ///
+    /// # Errors
+    /// [`ContextError`].
+    pub async fn emit(&self, payload: &[u8]) -> Result<String, ContextError> {
+        self.check_size(payload.len())?;
+        let keys = &self.core.keys;
+        let id: String = self
+            .run(
+                scripts::EMIT
+                    .key(&keys.jobs)
+                    .key(&keys.events)
+                    .arg(&self.key)
+                    .arg(&self.token)
+                    .arg(payload)
+                    .arg(self.core.options.events_retention),
+            )
+            .await?;
+        if id.is_empty() { Err(ContextError::NotOwned) } else { Ok(id) }
+    }
+
+    /// Declares the job finished: it is removed from the pool and its
+    /// handler is not called again for it.
+    ///
+    /// # Errors
+    /// [`ContextError`].
+    pub async fn complete(&self) -> Result<(), ContextError> {
+        let keys = &self.core.keys;
+        let done: i64 = self
+            .run(
+                scripts::FINISH
+                    .key(&keys.jobs)
+                    .key(keys.record(&self.key))
+                    .key(keys.held(&self.key))
+                    .key(keys.worker_jobs(&self.worker))
+                    .arg(&self.key)
+                    .arg(&self.token),
+            )
+            .await?;
+        if done != 1 {
+            return Err(ContextError::NotOwned);
+        }
+        let _ = self.ended.send(Ended::Completed { key: self.key.clone(), token: self.token.clone() });
+        Ok(())
+    }
+
+    /// Marks the job failed with `reason`: it stays listed and blocks its
+    /// key until retried or forgotten; its handler is not called again.
+    ///
+    /// # Errors
+    /// [`ContextError`].
+    pub async fn fail(&self, reason: &str) -> Result<(), ContextError> {
+        if !self.core.fail(&self.worker, &self.key, &self.token, reason, 0).await.map_err(unavailable)? {
+            return Err(ContextError::NotOwned);
+        }
+        let _ = self.ended.send(Ended::Failed { key: self.key.clone(), token: self.token.clone() });
+        Ok(())
+    }
+
+    fn check_size(&self, size: usize) -> Result<(), ContextError> {
+        let limit = self.core.options.max_payload;
+        if size > limit { Err(ContextError::TooLarge { size, limit }) } else { Ok(()) }
+    }
+
+    async fn run<T: redis::FromRedisValue>(
+        &self,
+        invocation: &mut redis::ScriptInvocation<'_>,
+    ) -> Result<T, ContextError> {
+        let mut conn = self.core.conn.clone();
+        invocation.invoke_async(&mut conn).await.map_err(unavailable)
+    }
+}
+
+fn unavailable(error: impl std::fmt::Display) -> ContextError {
+    ContextError::Unavailable(error.to_string())
+}

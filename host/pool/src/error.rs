@@ -1,0 +1,59 @@
+//! What can go wrong in a pool.
+
+/// A pool operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A pool name outside the allowed characters.
+    #[error("invalid pool name {0:?}: allowed are 1 to 100 ASCII letters, digits, '-', '_' or '.'")]
+    InvalidPool(String),
+    /// A job key that is empty, too long or has control characters.
+    #[error("invalid job key {key:?}: {why}")]
+    InvalidKey {
+        /// The key given (cut to 100 characters).
+        key: String,
+        /// What is wrong and what is allowed.
+        why: String,
+    },
+    /// A payload over the pool's limit.
+    #[error("payload of {size} bytes exceeds the limit of {limit} bytes")]
+    PayloadTooLarge {
+        /// Its size.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// A client-only node was asked to host a worker.
+    #[error("a client-only node cannot host workers")]
+    ClientOnly,
+    /// The node is closed.
+    #[error("the node is closed")]
+    Closed,
+    /// A replicated map failed.
+    #[error(transparent)]
+    Map(#[from] pulse_rmap::Error),
+    /// A stream failed.
+    #[error(transparent)]
+    Stream(#[from] pulse_streams::Error),
+    /// Redis refused or failed an operation.
+    #[error("failed to {op} in pool {pool:?}")]
+    Redis {
+        /// The operation.
+        op: &'static str,
+        /// The pool.
+        pool: String,
+        /// Why.
+        #[source]
+        source: redis::RedisError,
+    },
+    /// Redis answered something this version does not understand.
+    #[error("unexpected answer from Redis to {op}: {answer}")]
+    Protocol {
+        /// The operation.
+        op: &'static str,
+        /// The answer.
+        answer: String,
+    },
+}
+
+/// The result of pool operations.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

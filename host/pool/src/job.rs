@@ -1,0 +1,137 @@
+//! Jobs, the handler trait, and what a handler can ask of the pool.
+
+use std::future::Future;
+
+/// A job as a handler starts it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Job {
+    /// Its key, unique in the pool.
+    pub key: String,
+    /// The payload given at dispatch.
+    pub payload: Vec<u8>,
+    /// When the pool accepted it, ms since the Unix epoch (Redis time).
+    pub created_at_ms: u64,
+    /// Whether it ran before and is started again.
+    pub requeued: bool,
+    /// Which attempt this is, from 1.
+    pub attempt: u32,
+    /// The state it saved last.
+    pub state: Option<Vec<u8>>,
+}
+
+/// Why a handler refused or failed a call.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HandlerError {
+    /// The input can never succeed: a refused start removes the job.
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+    /// May succeed later: a start is retried with backoff.
+    #[error("retryable: {0}")]
+    Retryable(String),
+    /// The job cannot go on: it is marked failed.
+    #[error("fatal: {0}")]
+    Fatal(String),
+}
+
+/// Runs the jobs of a worker. Calls for one key come in order: `start`,
+/// then `notify`s, then `stop`.
+pub trait JobHandler: Send + Sync + 'static {
+    /// Starts `job`; `ctx` is how it talks back to the pool.
+    fn start(
+        &self,
+        job: Job,
+        ctx: crate::JobContext,
+    ) -> impl Future<Output = Result<(), HandlerError>> + Send;
+
+    /// Stops job `key` (on request, or because it moves).
+    fn stop(&self, key: &str) -> impl Future<Output = Result<(), HandlerError>> + Send;
+
+    /// Delivers notification number `seq` of job `key`.
+    fn notify(
+        &self,
+        key: &str,
+        payload: Vec<u8>,
+        seq: u64,
+    ) -> impl Future<Output = Result<(), HandlerError>> + Send;
+}
+
+/// What the pool knows of a job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobInfo {
+    /// Its key.
+    pub key: String,
+    /// Its state.
+    pub state: JobState,
+    /// The worker running it, if any.
+    pub worker: Option<String>,
+    /// When it was accepted (ms since the Unix epoch).
+    pub created_at_ms: u64,
+    /// Its attempt.
+    pub attempt: u32,
+    /// Why it failed, if it did.
+    pub reason: Option<String>,
+}
+
+/// Where a job is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobState {
+    /// Owned by a worker.
+    Running,
+    /// Being handed back by its worker; its events are held.
+    Moving,
+    /// Waiting for a worker.
+    Queued,
+    /// Failed; its key is blocked until `retry` or `forget`.
+    Failed,
+}
+
+impl JobState {
+    pub(crate) fn parse(text: &str) -> Option<Self> {
+        match text {
+            "running" => Some(JobState::Running),
+            "moving" => Some(JobState::Moving),
+            "queued" => Some(JobState::Queued),
+            "failed" => Some(JobState::Failed),
+            _ => None,
+        }
+    }
+}
+
+/// The answer to [`crate::Node::dispatch`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DispatchOutcome {
+    /// A worker started the job.
+    Started,
+    /// No worker is alive: the job waits and starts when one joins.
+    Queued,
+    /// The key is taken (running, queued or failed).
+    AlreadyExists(JobState),
+    /// The handler refused the job (invalid input); it was not kept.
+    Refused(String),
+    /// The handler failed the job (fatal, or retries exhausted); it is
+    /// listed as failed.
+    Failed(String),
+    /// The pool holds `max_jobs` jobs.
+    PoolFull,
+    /// Accepted, but no confirmation came in time; a retry answers
+    /// `AlreadyExists`.
+    Unconfirmed,
+}
+
+/// The answer to [`crate::Node::stop`] and [`crate::Node::notify`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EventOutcome {
+    /// The handler was called and returned `Ok` (a stop: the job is gone).
+    Done,
+    /// The job waits for a worker: the event is held, in order, for after
+    /// its start. (A stop of a waiting job is immediate: `Done`.)
+    Held,
+    /// No job has this key.
+    NoSuchJob,
+    /// The job is failed, with this reason.
+    JobFailed(String),
+    /// The handler returned this error (a stop: the job is gone anyway).
+    HandlerError(String),
+    /// Sent, but no confirmation came in time.
+    Unconfirmed,
+}

@@ -1,0 +1,83 @@
+//! Every Redis key of a pool. All share the hash tag `{pool}`, so the pool
+//! lives in one Redis Cluster slot and its scripts may touch any of them.
+
+use crate::error::Error;
+
+/// The Redis names of one pool.
+#[derive(Debug, Clone)]
+pub(crate) struct PoolKeys {
+    pub(crate) pool: String,
+    /// key -> `state|worker|token|seq`
+    pub(crate) jobs: String,
+    /// Fencing token counter.
+    pub(crate) tokens: String,
+    /// Worker join numbers.
+    pub(crate) joins: String,
+    /// Jobs waiting for a worker.
+    pub(crate) queued: String,
+    /// What plugins emit.
+    pub(crate) events: String,
+}
+
+/// Name of the slot table map (slot index -> worker id).
+pub(crate) const SLOTS_MAP: &str = "slots";
+/// Name of the workers map (worker id -> node and join number).
+pub(crate) const WORKERS_MAP: &str = "workers";
+
+impl PoolKeys {
+    pub(crate) fn new(pool: &str) -> Self {
+        let key = |suffix: &str| format!("pulse:{{{pool}}}:{suffix}");
+        Self {
+            pool: pool.to_owned(),
+            jobs: key("jobs"),
+            tokens: key("tokens"),
+            joins: key("joins"),
+            queued: key("queued"),
+            events: pulse_streams::stream_key(pool, "events"),
+        }
+    }
+
+    /// A job's record: payload, created, attempt, state, reason.
+    pub(crate) fn record(&self, key: &str) -> String {
+        format!("pulse:{{{}}}:job:{key}", self.pool)
+    }
+
+    /// Events held for a job while it waits for a worker.
+    pub(crate) fn held(&self, key: &str) -> String {
+        format!("pulse:{{{}}}:held:{key}", self.pool)
+    }
+
+    /// The jobs a worker owns.
+    pub(crate) fn worker_jobs(&self, worker: &str) -> String {
+        format!("pulse:{{{}}}:worker:{worker}:jobs", self.pool)
+    }
+
+    /// The name of a worker's inbox stream.
+    pub(crate) fn inbox_name(worker: &str) -> String {
+        format!("inbox.{worker}")
+    }
+
+    /// The key of a worker's inbox stream.
+    pub(crate) fn inbox(&self, worker: &str) -> String {
+        pulse_streams::stream_key(&self.pool, &Self::inbox_name(worker))
+    }
+
+    /// The name of a node's reply stream.
+    pub(crate) fn replies_name(node: &str) -> String {
+        format!("replies.{node}")
+    }
+
+    /// The key of a node's reply stream.
+    pub(crate) fn replies(&self, node: &str) -> String {
+        pulse_streams::stream_key(&self.pool, &Self::replies_name(node))
+    }
+}
+
+/// Checks a pool name: 1 to 100 ASCII letters, digits, `-`, `_`, `.`.
+pub(crate) fn validate_pool(name: &str) -> Result<(), Error> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+    if name.is_empty() || name.len() > 100 || !name.chars().all(allowed) {
+        return Err(Error::InvalidPool(name.to_owned()));
+    }
+    Ok(())
+}

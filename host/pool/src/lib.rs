@@ -1,0 +1,38 @@
+//! The worker pool: jobs keyed by name run on exactly one worker of a pool
+//! of nodes sharing a Redis, chosen by Jump Consistent Hash of the key over
+//! a slot table of workers.
+//!
+//! # Layout
+//! - `node`: [`Node`]: join (full or client-only), workers, dispatch, stop,
+//!   notify, retry, forget, listing.
+//! - `worker`: a worker's task: its inbox, its handler calls, in order.
+//! - `job`: [`Job`], [`JobHandler`], outcomes and states.
+//! - `context`: [`JobContext`]: save state, emit, complete, fail, fenced by
+//!   the job's token.
+//! - `hash`: CRC-64 and Jump Consistent Hash, as Go Pulse routes.
+//! - `keys`, `scripts`, `wire`: Redis key names, the Lua scripts (`lua/`),
+//!   the message formats.
+//!
+//! # How a dispatch runs
+//! The dispatcher routes the key with its replica of the slot table and runs
+//! one script with the table's revision: the script refuses a stale
+//! revision, claims the key with a new fencing token and appends the start
+//! to the worker's inbox. The worker starts the job and answers on the
+//! dispatcher's reply stream, where a waiter was registered before anything
+//! was sent.
+#![warn(missing_docs)]
+
+mod context;
+mod error;
+pub mod hash;
+mod job;
+mod keys;
+mod node;
+mod scripts;
+mod wire;
+mod worker;
+
+pub use context::{ContextError, JobContext};
+pub use error::{Error, Result};
+pub use job::{DispatchOutcome, EventOutcome, HandlerError, Job, JobHandler, JobInfo, JobState};
+pub use node::{Node, NodeOptions, WorkerInfo};

@@ -1,0 +1,232 @@
+//! Dispatch, stop, notify, retry and forget.
+
+use redis::Value;
+
+use super::Node;
+use super::replies::Answer;
+use crate::error::{Error, Result};
+use crate::job::{DispatchOutcome, EventOutcome, JobState};
+use crate::scripts;
+
+/// Retries of a script refused for a stale revision or a moved owner; each
+/// follows a catch-up, so more mean membership keeps changing under us.
+const MAX_ROUTING_RETRIES: usize = 20;
+
+impl Node {
+    /// Dispatches job `key` with `payload` to the worker its key routes to,
+    /// and waits for the worker to start it.
+    ///
+    /// # Errors
+    /// [`Error::InvalidKey`], [`Error::PayloadTooLarge`], or Redis failures.
+    /// Every expected answer is a [`DispatchOutcome`].
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: once sent, the job is dispatched whether or not the
+    /// answer is awaited.
+    pub async fn dispatch(&self, key: &str, payload: &[u8]) -> Result<DispatchOutcome> {
+        self.validate(key, payload.len())?;
+        let core = &self.core;
+        let keys = &core.keys;
+        // Registered before anything is sent: the answer cannot beat it.
+        let mut waiter = core.waiters.register(core.next_request());
+        let replies = keys.replies(&core.id);
+        for _ in 0..MAX_ROUTING_RETRIES {
+            let (rev, worker) = core.route(key);
+            let mut conn = core.conn.clone();
+            let answer: Vec<Value> = scripts::DISPATCH
+                .key(&keys.jobs)
+                .key(keys.record(key))
+                .key(core.slots.redis_key())
+                .key(&keys.tokens)
+                .key(&keys.queued)
+                .key(keys.inbox(&worker))
+                .key(keys.worker_jobs(&worker))
+                .arg(key)
+                .arg(payload)
+                .arg(rev.to_string())
+                .arg(&worker)
+                .arg(&replies)
+                .arg(&waiter.request)
+                .arg(core.options.max_jobs)
+                .invoke_async(&mut conn)
+                .await
+                .map_err(core.redis_error("dispatch"))?;
+            let (status, detail) = status(&answer, "dispatch")?;
+            return Ok(match status.as_str() {
+                "sent" => match waiter.wait(core.options.reply_timeout).await {
+                    Some(Answer { outcome, message }) => match outcome.as_str() {
+                        "started" => DispatchOutcome::Started,
+                        "refused" => DispatchOutcome::Refused(message),
+                        "failed" => DispatchOutcome::Failed(message),
+                        other => return Err(protocol("dispatch", other)),
+                    },
+                    None => DispatchOutcome::Unconfirmed,
+                },
+                "queued" => DispatchOutcome::Queued,
+                "exists" => DispatchOutcome::AlreadyExists(
+                    JobState::parse(&detail).ok_or_else(|| protocol("dispatch", &detail))?,
+                ),
+                "full" => DispatchOutcome::PoolFull,
+                "stale" => {
+                    core.routing_retries.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    core.catch_up(&detail).await;
+                    continue;
+                }
+                other => return Err(protocol("dispatch", other)),
+            });
+        }
+        Err(protocol("dispatch", "membership kept changing"))
+    }
+
+    /// Stops job `key`: its handler's `stop` is called on its worker and the
+    /// job is removed; a job waiting for a worker is removed at once.
+    ///
+    /// # Errors
+    /// [`Error::InvalidKey`] or Redis failures; answers are [`EventOutcome`]s.
+    pub async fn stop(&self, key: &str) -> Result<EventOutcome> {
+        self.validate(key, 0)?;
+        self.send_event("stop", key, b"").await
+    }
+
+    /// Sends a notification to job `key`, in order with every other event
+    /// for the key; held while the job waits for a worker.
+    ///
+    /// # Errors
+    /// As [`Node::stop`], and [`Error::PayloadTooLarge`].
+    pub async fn notify(&self, key: &str, payload: &[u8]) -> Result<EventOutcome> {
+        self.validate(key, payload.len())?;
+        self.send_event("notify", key, payload).await
+    }
+
+    /// Starts a failed job again from its first attempt; returns whether the
+    /// job was failed.
+    ///
+    /// # Errors
+    /// Redis failures.
+    pub async fn retry(&self, key: &str) -> Result<bool> {
+        self.validate(key, 0)?;
+        let reset = self.reset_failed(key, "retry").await?;
+        if reset {
+            self.core.assign(key).await?;
+        }
+        Ok(reset)
+    }
+
+    /// Removes a failed job, freeing its key; returns whether the job was
+    /// failed.
+    ///
+    /// # Errors
+    /// Redis failures.
+    pub async fn forget(&self, key: &str) -> Result<bool> {
+        self.validate(key, 0)?;
+        self.reset_failed(key, "forget").await
+    }
+
+    async fn reset_failed(&self, key: &str, mode: &str) -> Result<bool> {
+        let keys = &self.core.keys;
+        let mut conn = self.core.conn.clone();
+        let done: i64 = scripts::RESET_FAILED
+            .key(&keys.jobs)
+            .key(keys.record(key))
+            .key(&keys.queued)
+            .key(keys.held(key))
+            .arg(key)
+            .arg(mode)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(self.core.redis_error("reset a failed job"))?;
+        Ok(done == 1)
+    }
+
+    async fn send_event(&self, kind: &str, key: &str, payload: &[u8]) -> Result<EventOutcome> {
+        let core = &self.core;
+        let keys = &core.keys;
+        let mut waiter = core.waiters.register(core.next_request());
+        let replies = keys.replies(&core.id);
+        let (_, mut owner) = core.route(key);
+        for _ in 0..MAX_ROUTING_RETRIES {
+            let mut conn = core.conn.clone();
+            let answer: Vec<Value> = scripts::ROUTE
+                .key(&keys.jobs)
+                .key(keys.record(key))
+                .key(keys.held(key))
+                .key(keys.inbox(&owner))
+                .key(&keys.queued)
+                .arg(kind)
+                .arg(key)
+                .arg(&owner)
+                .arg(&replies)
+                .arg(&waiter.request)
+                .arg(payload)
+                .invoke_async(&mut conn)
+                .await
+                .map_err(core.redis_error(if kind == "stop" { "stop" } else { "notify" }))?;
+            let (status, detail) = status(&answer, "route")?;
+            return Ok(match status.as_str() {
+                "sent" => match waiter.wait(core.options.reply_timeout).await {
+                    Some(Answer { outcome, message }) => match outcome.as_str() {
+                        "stopped" | "notified" => EventOutcome::Done,
+                        "error" => EventOutcome::HandlerError(message),
+                        "failed" => EventOutcome::JobFailed(message),
+                        "missing" => EventOutcome::NoSuchJob,
+                        other => return Err(protocol("route", other)),
+                    },
+                    None => EventOutcome::Unconfirmed,
+                },
+                "held" => EventOutcome::Held,
+                "stopped" => EventOutcome::Done,
+                "missing" => EventOutcome::NoSuchJob,
+                "failed" => EventOutcome::JobFailed(detail),
+                "owner" => {
+                    // Owned elsewhere than the slot says (it has not moved
+                    // yet): send it there.
+                    core.routing_retries.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    owner = detail;
+                    continue;
+                }
+                other => return Err(protocol("route", other)),
+            });
+        }
+        Err(protocol("route", "the owner kept changing"))
+    }
+
+    fn validate(&self, key: &str, payload: usize) -> Result<()> {
+        let options = &self.core.options;
+        let invalid = |why: String| Error::InvalidKey { key: key.chars().take(100).collect(), why };
+        if key.is_empty() {
+            return Err(invalid("a key must not be empty".into()));
+        }
+        if key.len() > options.max_key_len {
+            return Err(invalid(format!(
+                "{} bytes exceed the limit of {} bytes",
+                key.len(),
+                options.max_key_len
+            )));
+        }
+        if key.chars().any(char::is_control) {
+            return Err(invalid("control characters are not allowed".into()));
+        }
+        if payload > options.max_payload {
+            return Err(Error::PayloadTooLarge { size: payload, limit: options.max_payload });
+        }
+        Ok(())
+    }
+}
+
+/// The status word and optional detail of a script's answer.
+fn status(answer: &[Value], op: &'static str) -> Result<(String, String)> {
+    let text = |value: Option<&Value>| -> Option<String> {
+        match value? {
+            Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
+            Value::SimpleString(text) => Some(text.clone()),
+            Value::Int(n) => Some(n.to_string()),
+            _ => None,
+        }
+    };
+    let status = text(answer.first()).ok_or_else(|| protocol(op, &format!("{answer:?}")))?;
+    Ok((status, text(answer.get(1)).unwrap_or_default()))
+}
+
+fn protocol(op: &'static str, answer: &str) -> Error {
+    Error::Protocol { op, answer: answer.to_owned() }
+}

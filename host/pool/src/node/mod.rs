@@ -1,0 +1,251 @@
+//! [`Node`]: a process's membership in a pool.
+//!
+//! # Layout
+//! - this file: [`Node`], [`NodeOptions`], the shared [`Core`], join and close.
+//! - `dispatch`: dispatch, stop, notify, retry, forget.
+//! - `replies`: the reply stream and the waiters registered before sending.
+//! - `membership`: workers joining and leaving the slot table; assigning
+//!   queued jobs.
+//! - `routing`: keys to workers over the slot table; assigning queued jobs.
+//! - `listing`: jobs, workers, status.
+
+mod dispatch;
+mod listing;
+mod membership;
+mod replies;
+mod routing;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use pulse_rmap::{Map, MapOptions};
+use redis::aio::ConnectionManager;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::error::{Error, Result};
+use crate::keys::{PoolKeys, SLOTS_MAP, WORKERS_MAP, validate_pool};
+use crate::scripts;
+use crate::worker::WorkerHandle;
+
+pub use listing::WorkerInfo;
+
+/// Options of a node.
+///
+/// Defaults:
+/// - `max_jobs`: 0 (no limit) jobs in the pool; dispatches beyond it are
+///   answered `PoolFull` (jobs that move are exempt);
+/// - `max_key_len`: 256 bytes; `max_payload`: 1 MiB (also the limit of
+///   saved state and emitted events);
+/// - `reply_timeout`: 10 s to wait for a worker's confirmation;
+/// - `max_attempts`: 3 starts of a job whose handler answers `retryable`,
+///   `retry_backoff` 100 ms before the second, doubled each time;
+/// - `events_retention`: the pool's events stream keeps about 10,000 entries.
+#[derive(Debug, Clone)]
+pub struct NodeOptions {
+    /// Jobs the pool holds at most (0: no limit).
+    pub max_jobs: u64,
+    /// Longest job key, in bytes.
+    pub max_key_len: usize,
+    /// Largest payload, state or emitted event, in bytes.
+    pub max_payload: usize,
+    /// How long dispatch, stop and notify wait for the worker's answer.
+    pub reply_timeout: Duration,
+    /// Starts of a job before a retryable failure becomes final.
+    pub max_attempts: u32,
+    /// Wait before the second start; doubled for each further one.
+    pub retry_backoff: Duration,
+    /// Entries the pool's events stream keeps.
+    pub events_retention: usize,
+}
+
+impl Default for NodeOptions {
+    fn default() -> Self {
+        Self {
+            max_jobs: 0,
+            max_key_len: 256,
+            max_payload: 1 << 20,
+            reply_timeout: Duration::from_secs(10),
+            max_attempts: 3,
+            retry_backoff: Duration::from_millis(100),
+            events_retention: 10_000,
+        }
+    }
+}
+
+/// What a node's parts share.
+pub(crate) struct Core {
+    pub(crate) id: String,
+    pub(crate) client: redis::Client,
+    pub(crate) keys: PoolKeys,
+    pub(crate) conn: ConnectionManager,
+    pub(crate) options: NodeOptions,
+    pub(crate) slots: Map,
+    pub(crate) workers: Map,
+    pub(crate) waiters: replies::Waiters,
+    next_request: AtomicU64,
+    /// Scripts refused for a stale slot table or a moved owner, retried.
+    pub(crate) routing_retries: AtomicU64,
+}
+
+impl Core {
+    pub(crate) fn redis_error(&self, op: &'static str) -> impl FnOnce(redis::RedisError) -> Error + '_ {
+        move |source| Error::Redis { op, pool: self.keys.pool.clone(), source }
+    }
+
+    /// A request id unique in the pool: the node's id and a counter.
+    pub(crate) fn next_request(&self) -> String {
+        format!("{}.{}", self.id, self.next_request.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// Marks a job failed, fenced by `token`; false when it is not the
+    /// worker's any more.
+    pub(crate) async fn fail(
+        &self,
+        worker: &str,
+        key: &str,
+        token: &str,
+        reason: &str,
+        attempt: u32,
+    ) -> redis::RedisResult<bool> {
+        let keys = &self.keys;
+        let mut conn = self.conn.clone();
+        let done: i64 = scripts::FAIL
+            .key(&keys.jobs)
+            .key(keys.record(key))
+            .key(keys.worker_jobs(worker))
+            .arg(key)
+            .arg(token)
+            .arg(reason)
+            .arg(attempt)
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(done == 1)
+    }
+}
+
+/// A process's membership in a pool: dispatches, stops and notifies jobs,
+/// and (unless client-only) hosts workers.
+pub struct Node {
+    pub(crate) core: Arc<Core>,
+    client_only: bool,
+    pub(crate) local_workers: Mutex<HashMap<String, WorkerHandle>>,
+    token: CancellationToken,
+    tasks: TaskTracker,
+}
+
+impl Node {
+    /// Joins pool `pool` on the Redis of `client` as a full node, which can
+    /// host workers.
+    ///
+    /// # Errors
+    /// [`Error::InvalidPool`], or Redis failures.
+    pub async fn join(client: &redis::Client, pool: &str, options: NodeOptions) -> Result<Self> {
+        Self::start(client, pool, options, false).await
+    }
+
+    /// Joins pool `pool` as a client-only node: it dispatches, stops,
+    /// notifies and lists, but hosts no workers and is not a member.
+    ///
+    /// # Errors
+    /// As [`Node::join`].
+    pub async fn client(client: &redis::Client, pool: &str, options: NodeOptions) -> Result<Self> {
+        Self::start(client, pool, options, true).await
+    }
+
+    async fn start(
+        client: &redis::Client,
+        pool: &str,
+        options: NodeOptions,
+        client_only: bool,
+    ) -> Result<Self> {
+        validate_pool(pool)?;
+        let keys = PoolKeys::new(pool);
+        let conn = ConnectionManager::new(client.clone()).await.map_err(|source| Error::Redis {
+            op: "connect",
+            pool: pool.to_owned(),
+            source,
+        })?;
+        let slots = Map::join(client, SLOTS_MAP, MapOptions::default().hash_tag(pool)).await?;
+        let workers = Map::join(client, WORKERS_MAP, MapOptions::default().hash_tag(pool)).await?;
+        let id = format!("n{}-{:06x}", std::process::id(), fastrand::u32(..0xff_ffff));
+        let core = Arc::new(Core {
+            id,
+            client: client.clone(),
+            keys,
+            conn,
+            options,
+            slots,
+            workers,
+            waiters: replies::Waiters::default(),
+            next_request: AtomicU64::new(0),
+            routing_retries: AtomicU64::new(0),
+        });
+        let token = CancellationToken::new();
+        let tasks = TaskTracker::new();
+        replies::start(&core, &token, &tasks).await?;
+        tracing::info!(pool, node = %core.id, client_only, "joined the pool");
+        Ok(Self { core, client_only, local_workers: Mutex::new(HashMap::new()), token, tasks })
+    }
+
+    /// This node's id.
+    pub fn id(&self) -> &str {
+        &self.core.id
+    }
+
+    /// How many dispatches, stops and notifications this node had to send
+    /// again because its slot table was stale or the job's owner had
+    /// changed: a measure of membership churn (0 in a steady pool).
+    pub fn routing_retries(&self) -> u64 {
+        self.core.routing_retries.load(Ordering::Relaxed)
+    }
+
+    /// The pool's name.
+    pub fn pool(&self) -> &str {
+        &self.core.keys.pool
+    }
+
+    /// Leaves the pool: every worker of this node leaves (its jobs are
+    /// handed to the remaining workers, or wait for one), then the node's
+    /// tasks stop. Never panics; errors are logged.
+    pub async fn close(&self) {
+        let workers: Vec<String> = self.lock_workers().keys().cloned().collect();
+        for worker in workers {
+            if let Err(error) = self.remove_worker(&worker).await {
+                tracing::warn!(worker, error = %error, "failed to remove a worker while closing");
+            }
+        }
+        self.token.cancel();
+        self.tasks.close();
+        self.tasks.wait().await;
+        let mut conn = self.core.conn.clone();
+        let _: redis::RedisResult<()> =
+            redis::cmd("DEL").arg(self.core.keys.replies(&self.core.id)).exec_async(&mut conn).await;
+        self.core.slots.close().await;
+        self.core.workers.close().await;
+        tracing::info!(pool = %self.core.keys.pool, node = %self.core.id, "left the pool");
+    }
+
+    fn lock_workers(&self) -> std::sync::MutexGuard<'_, HashMap<String, WorkerHandle>> {
+        // Held for map updates only, never across an await (a std mutex).
+        self.local_workers.lock().unwrap_or_else(|poison| poison.into_inner())
+    }
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node")
+            .field("pool", &self.core.keys.pool)
+            .field("id", &self.core.id)
+            .field("client_only", &self.client_only)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.token.cancel();
+    }
+}

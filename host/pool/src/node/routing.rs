@@ -1,0 +1,82 @@
+//! Routing keys over the slot table, and starting queued jobs where their
+//! keys route: what dispatchers and workers both do.
+
+use std::time::Duration;
+
+use redis::Value;
+
+use super::Core;
+use crate::error::Result;
+use crate::hash::slot_of;
+use crate::scripts;
+
+/// How long a caller waits for its membership replica to catch up with the
+/// revision a script reported, before it retries anyway.
+const CATCH_UP: Duration = Duration::from_secs(5);
+
+impl Core {
+    /// The slot table revision and the worker `key` routes to (`""` when
+    /// there is no worker).
+    pub(crate) fn route(&self, key: &str) -> (u64, String) {
+        let slots = &self.slots;
+        loop {
+            let rev = slots.revision();
+            let count = u32::try_from(slots.len()).unwrap_or(u32::MAX);
+            if count == 0 {
+                return (rev, String::new());
+            }
+            let worker = slots.get(&slot_of(key, count).to_string());
+            // The same revision before and after: a consistent view. A slot
+            // with no worker (a table being repaired) routes nowhere: the job
+            // waits, queued, until a worker is assigned it.
+            if slots.revision() == rev {
+                return (rev, worker.unwrap_or_default());
+            }
+        }
+    }
+
+    /// Waits until the local slot table reaches revision `rev`.
+    pub(crate) async fn catch_up(&self, rev: &str) {
+        let rev: u64 = rev.parse().unwrap_or(0);
+        self.slots.wait_until(CATCH_UP, |slots| slots.revision() >= rev).await;
+    }
+
+    /// Starts queued job `key` on the worker its key routes to.
+    pub(crate) async fn assign(&self, key: &str) -> Result<()> {
+        let core = self;
+        let keys = &core.keys;
+        for _ in 0..20 {
+            let (rev, worker) = self.route(key);
+            if worker.is_empty() {
+                return Ok(());
+            }
+            let mut conn = core.conn.clone();
+            let answer: Vec<Value> = scripts::ASSIGN
+                .key(&keys.jobs)
+                .key(keys.record(key))
+                .key(core.slots.redis_key())
+                .key(&keys.tokens)
+                .key(&keys.queued)
+                .key(keys.inbox(&worker))
+                .key(keys.worker_jobs(&worker))
+                .key(keys.held(key))
+                .arg(key)
+                .arg(rev.to_string())
+                .arg(&worker)
+                .invoke_async(&mut conn)
+                .await
+                .map_err(core.redis_error("assign a queued job"))?;
+            match answer.first() {
+                Some(Value::BulkString(status)) if status.as_slice() == b"stale" => {
+                    let rev = match answer.get(1) {
+                        Some(Value::BulkString(rev)) => String::from_utf8_lossy(rev).into_owned(),
+                        _ => String::new(),
+                    };
+                    self.catch_up(&rev).await;
+                }
+                _ => return Ok(()),
+            }
+        }
+        Ok(())
+    }
+}

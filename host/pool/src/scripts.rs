@@ -1,0 +1,27 @@
+//! The pool's Lua scripts (`lua/`), each prefixed with `lua/prelude.lua`
+//! (the ownership format and helpers) and opening with its `KEYS`/`ARGV`
+//! contract and why it must be atomic.
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+const PRELUDE: &str = include_str!("../lua/prelude.lua");
+
+macro_rules! script {
+    ($name:ident, $file:literal) => {
+        pub(crate) static $name: LazyLock<Script> =
+            LazyLock::new(|| Script::new(&format!("{PRELUDE}\n{}", include_str!(concat!("../lua/", $file)))));
+    };
+}
+
+script!(DISPATCH, "dispatch.lua");
+script!(ASSIGN, "assign.lua");
+script!(ROUTE, "route.lua");
+script!(FINISH, "finish.lua");
+script!(FAIL, "fail.lua");
+script!(SAVE_STATE, "save_state.lua");
+script!(EMIT, "emit.lua");
+script!(RESET_FAILED, "reset_failed.lua");
+script!(REQUEUE, "requeue.lua");
+script!(MARK_MOVING, "mark_moving.lua");

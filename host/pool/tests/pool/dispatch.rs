@@ -1,0 +1,161 @@
+//! Dispatch: routing, outcomes, unique keys, queued jobs, failures.
+
+use pulse_pool::hash::slot_of;
+use pulse_pool::{DispatchOutcome, Error, JobState, Node};
+use pulse_testkit::unique;
+
+use crate::{Call, Calls, PATIENCE, Recording, client, finish, node, options};
+
+#[tokio::test]
+async fn every_job_starts_on_the_worker_its_key_routes_to() {
+    let pool = unique("routing");
+    let calls = Calls::default();
+    let node = node(&pool, 4, &calls).await;
+    for i in 0..200 {
+        assert_eq!(node.dispatch(&format!("job-{i}"), b"x").await.unwrap(), DispatchOutcome::Started);
+    }
+    let by_slot: std::collections::HashMap<u32, String> =
+        node.workers().await.unwrap().into_iter().map(|w| (w.slot.unwrap(), w.id)).collect();
+    assert_eq!(by_slot.len(), 4);
+    for call in calls.all() {
+        let Call::Start { worker, key, .. } = call else { panic!("only starts expected") };
+        assert_eq!(worker, by_slot[&slot_of(&key, 4)], "{key} runs where its key routes");
+    }
+    let listed = node.jobs().await.unwrap();
+    assert_eq!(listed.len(), 200);
+    assert!(listed.iter().all(|j| j.state == JobState::Running && j.worker.is_some() && j.created_at_ms > 0));
+    assert_eq!(node.workers().await.unwrap().iter().map(|w| w.jobs).sum::<u64>(), 200);
+    finish(&pool, &[&node]).await;
+}
+
+#[tokio::test]
+async fn a_key_is_unique_until_its_job_ends() {
+    let pool = unique("unique_keys");
+    let calls = Calls::default();
+    let node = node(&pool, 2, &calls).await;
+    assert_eq!(node.dispatch("k", b"1").await.unwrap(), DispatchOutcome::Started);
+    assert_eq!(node.dispatch("k", b"2").await.unwrap(), DispatchOutcome::AlreadyExists(JobState::Running));
+    assert_eq!(calls.starts(), 1);
+    node.stop("k").await.unwrap();
+    assert_eq!(node.dispatch("k", b"3").await.unwrap(), DispatchOutcome::Started);
+    finish(&pool, &[&node]).await;
+}
+
+#[tokio::test]
+async fn a_job_dispatched_without_workers_waits_and_starts_when_one_joins() {
+    let pool = unique("queued");
+    let calls = Calls::default();
+    let client_node = Node::client(&client(), &pool, options()).await.unwrap();
+    assert_eq!(client_node.dispatch("waiting", b"hello").await.unwrap(), DispatchOutcome::Queued);
+    assert_eq!(client_node.status("waiting").await.unwrap().unwrap().state, JobState::Queued);
+    assert!(matches!(client_node.add_worker(Recording::new(&calls)).await, Err(Error::ClientOnly)));
+
+    let full = node(&pool, 1, &calls).await;
+    calls.wait_until("the queued job starts", |c| !c.is_empty()).await;
+    assert!(
+        matches!(&calls.all()[0], Call::Start { key, payload, .. } if key == "waiting" && payload == b"hello")
+    );
+    assert_eq!(client_node.status("waiting").await.unwrap().unwrap().state, JobState::Running);
+    finish(&pool, &[&full, &client_node]).await;
+}
+
+#[tokio::test]
+async fn a_refused_job_is_not_kept_and_a_fatal_one_is_listed_failed() {
+    let pool = unique("refusals");
+    let calls = Calls::default();
+    let node = node(&pool, 1, &calls).await;
+    assert_eq!(
+        node.dispatch("r", b"refuse").await.unwrap(),
+        DispatchOutcome::Refused("refused on purpose".into())
+    );
+    assert_eq!(node.status("r").await.unwrap(), None, "a refused job is not kept");
+
+    assert_eq!(
+        node.dispatch("f", b"fatal").await.unwrap(),
+        DispatchOutcome::Failed("failed on purpose".into())
+    );
+    let failed = node.status("f").await.unwrap().unwrap();
+    assert_eq!(failed.state, JobState::Failed);
+    assert_eq!(failed.reason.as_deref(), Some("failed on purpose"));
+    assert_eq!(node.dispatch("f", b"again").await.unwrap(), DispatchOutcome::AlreadyExists(JobState::Failed));
+    assert!(node.forget("f").await.unwrap());
+    assert_eq!(node.dispatch("f", b"fine").await.unwrap(), DispatchOutcome::Started);
+    finish(&pool, &[&node]).await;
+}
+
+#[tokio::test]
+async fn a_retryable_failure_is_retried_up_to_max_attempts_then_failed() {
+    let pool = unique("retries");
+    let calls = Calls::default();
+    let node = node(&pool, 1, &calls).await;
+    assert_eq!(node.dispatch("once", b"retry-once").await.unwrap(), DispatchOutcome::Started);
+    let attempts: Vec<u32> = calls
+        .of("once")
+        .iter()
+        .filter_map(|c| if let Call::Start { attempt, .. } = c { Some(*attempt) } else { None })
+        .collect();
+    assert_eq!(attempts, [1, 2]);
+
+    assert_eq!(node.dispatch("never", b"retry").await.unwrap(), DispatchOutcome::Failed("not yet".into()));
+    let attempts: Vec<u32> = calls
+        .of("never")
+        .iter()
+        .filter_map(|c| if let Call::Start { attempt, .. } = c { Some(*attempt) } else { None })
+        .collect();
+    assert_eq!(attempts, [1, 2, 3]);
+    let failed = node.status("never").await.unwrap().unwrap();
+    assert_eq!((failed.state, failed.attempt), (JobState::Failed, 3));
+
+    // An operator retries it: it starts again from attempt 1.
+    assert!(node.retry("never").await.unwrap());
+    calls
+        .wait_until("the retried job starts again", |c| {
+            c.iter().filter(|c| matches!(c, Call::Start { key, attempt: 1, .. } if key == "never")).count()
+                == 2
+        })
+        .await;
+    let _ = PATIENCE;
+    finish(&pool, &[&node]).await;
+}
+
+#[tokio::test]
+async fn invalid_keys_and_payloads_are_refused_with_what_is_allowed() {
+    let pool = unique("limits");
+    let node = Node::client(&client(), &pool, options()).await.unwrap();
+    for (key, needle) in [("", "empty"), ("tab\there", "control"), (&"k".repeat(300) as &str, "limit")] {
+        let error = node.dispatch(key, b"").await.unwrap_err();
+        assert!(matches!(error, Error::InvalidKey { .. }), "{error}");
+        assert!(error.to_string().contains(needle), "{error}");
+    }
+    let error = node.dispatch("big", &vec![0; (1 << 20) + 1]).await.unwrap_err();
+    assert!(matches!(error, Error::PayloadTooLarge { .. }), "{error}");
+    assert!(matches!(Node::client(&client(), "bad pool", options()).await, Err(Error::InvalidPool(_))));
+    finish(&pool, &[&node]).await;
+}
+
+#[tokio::test]
+async fn a_full_pool_refuses_new_jobs() {
+    let pool = unique("full");
+    let calls = Calls::default();
+    let node =
+        Node::join(&client(), &pool, pulse_pool::NodeOptions { max_jobs: 3, ..options() }).await.unwrap();
+    node.add_worker(Recording::new(&calls)).await.unwrap();
+    for i in 0..3 {
+        assert_eq!(node.dispatch(&format!("j{i}"), b"").await.unwrap(), DispatchOutcome::Started);
+    }
+    assert_eq!(node.dispatch("j3", b"").await.unwrap(), DispatchOutcome::PoolFull);
+    node.stop("j0").await.unwrap();
+    assert_eq!(node.dispatch("j3", b"").await.unwrap(), DispatchOutcome::Started);
+    finish(&pool, &[&node]).await;
+}
+
+#[tokio::test]
+async fn a_job_that_completes_itself_frees_its_key() {
+    let pool = unique("complete");
+    let calls = Calls::default();
+    let node = node(&pool, 1, &calls).await;
+    assert_eq!(node.dispatch("done", b"complete").await.unwrap(), DispatchOutcome::Started);
+    assert_eq!(node.status("done").await.unwrap(), None);
+    assert_eq!(node.stop("done").await.unwrap(), pulse_pool::EventOutcome::NoSuchJob);
+    finish(&pool, &[&node]).await;
+}

@@ -1,0 +1,130 @@
+//! Stop and notify: typed outcomes, order, sequence numbers, duplicates.
+
+use pulse_pool::{DispatchOutcome, EventOutcome};
+use pulse_testkit::unique;
+
+use crate::{Call, Calls, finish, node};
+
+#[tokio::test]
+async fn notifications_arrive_in_order_with_gapless_sequence_numbers() {
+    let pool = unique("notify_order");
+    let calls = Calls::default();
+    let node = node(&pool, 3, &calls).await;
+    node.dispatch("n", b"").await.unwrap();
+    for i in 1..=50 {
+        assert_eq!(node.notify("n", format!("{i}").as_bytes()).await.unwrap(), EventOutcome::Done);
+    }
+    let seen: Vec<(Vec<u8>, u64)> = calls
+        .of("n")
+        .into_iter()
+        .filter_map(|c| if let Call::Notify { payload, seq, .. } = c { Some((payload, seq)) } else { None })
+        .collect();
+    let expected: Vec<(Vec<u8>, u64)> = (1..=50).map(|i| (format!("{i}").into_bytes(), i)).collect();
+    assert_eq!(seen, expected);
+    finish(&pool, &[&node]).await;
+}
+
+#[tokio::test]
+async fn stop_calls_the_handler_and_removes_the_job() {
+    let pool = unique("stop");
+    let calls = Calls::default();
+    let node = node(&pool, 2, &calls).await;
+    node.dispatch("s", b"").await.unwrap();
+    assert_eq!(node.stop("s").await.unwrap(), EventOutcome::Done);
+    assert!(matches!(calls.of("s").last(), Some(Call::Stop { .. })));
+    assert_eq!(node.status("s").await.unwrap(), None);
+    assert_eq!(node.stop("s").await.unwrap(), EventOutcome::NoSuchJob);
+    assert_eq!(node.notify("s", b"x").await.unwrap(), EventOutcome::NoSuchJob);
+    finish(&pool, &[&node]).await;
+}
+
+#[tokio::test]
+async fn handler_errors_come_back_typed() {
+    let pool = unique("notify_errors");
+    let calls = Calls::default();
+    let node = node(&pool, 1, &calls).await;
+    node.dispatch("e", b"").await.unwrap();
+    assert_eq!(
+        node.notify("e", b"oops").await.unwrap(),
+        EventOutcome::HandlerError("retryable: notification not handled".into())
+    );
+    assert_eq!(
+        node.notify("e", b"fine").await.unwrap(),
+        EventOutcome::Done,
+        "a non-fatal error leaves the job running"
+    );
+    assert_eq!(
+        node.notify("e", b"fatal").await.unwrap(),
+        EventOutcome::JobFailed("notification failed on purpose".into())
+    );
+    assert_eq!(
+        node.notify("e", b"x").await.unwrap(),
+        EventOutcome::JobFailed("notification failed on purpose".into())
+    );
+    finish(&pool, &[&node]).await;
+}
+
+#[tokio::test]
+async fn events_for_a_waiting_job_are_held_and_delivered_in_order_after_its_start() {
+    let pool = unique("held");
+    let calls = Calls::default();
+    let client = pulse_pool::Node::client(&crate::client(), &pool, crate::options()).await.unwrap();
+    assert_eq!(client.dispatch("h", b"").await.unwrap(), DispatchOutcome::Queued);
+    for i in 1..=3 {
+        assert_eq!(client.notify("h", format!("{i}").as_bytes()).await.unwrap(), EventOutcome::Held);
+    }
+    // A stop of a job still waiting removes it at once: it never started.
+    assert_eq!(client.dispatch("gone", b"").await.unwrap(), DispatchOutcome::Queued);
+    assert_eq!(client.stop("gone").await.unwrap(), EventOutcome::Done);
+    assert_eq!(client.status("gone").await.unwrap(), None);
+    let full = node(&pool, 1, &calls).await;
+    calls.wait_until("the held notifications arrive", |c| c.len() == 4).await;
+    let order: Vec<String> = calls
+        .of("h")
+        .into_iter()
+        .map(|c| match c {
+            Call::Start { .. } => "start".to_owned(),
+            Call::Notify { payload, seq, .. } => format!("{}@{seq}", String::from_utf8_lossy(&payload)),
+            Call::Stop { .. } => "stop".to_owned(),
+        })
+        .collect();
+    assert_eq!(order, ["start", "1@1", "2@2", "3@3"]);
+    finish(&pool, &[&full, &client]).await;
+}
+
+#[tokio::test]
+async fn a_start_delivered_twice_under_the_same_token_starts_the_job_once() {
+    let pool = unique("duplicate_start");
+    let calls = Calls::default();
+    let node = node(&pool, 1, &calls).await;
+    node.dispatch("d", b"payload").await.unwrap();
+    let worker = node.workers().await.unwrap().remove(0).id;
+    // Deliver the very same start entry again.
+    let mut conn = pulse_testkit::connect(pulse_testkit::shared_redis_url()).await;
+    let inbox = format!("pulse:{{{pool}}}:stream:inbox.{worker}");
+    let entries: redis::streams::StreamRangeReply =
+        redis::cmd("XRANGE").arg(&inbox).arg("-").arg("+").query_async(&mut conn).await.unwrap();
+    let start = entries
+        .ids
+        .iter()
+        .find(|e| matches!(e.map.get("n"), Some(redis::Value::BulkString(n)) if n == b"start"))
+        .unwrap();
+    let p = match &start.map["p"] {
+        redis::Value::BulkString(bytes) => bytes.clone(),
+        other => panic!("{other:?}"),
+    };
+    redis::cmd("XADD")
+        .arg(&inbox)
+        .arg("*")
+        .arg("n")
+        .arg("start")
+        .arg("p")
+        .arg(p)
+        .exec_async(&mut conn)
+        .await
+        .unwrap();
+    // A notification behind it proves the duplicate was processed.
+    assert_eq!(node.notify("d", b"after").await.unwrap(), EventOutcome::Done);
+    assert_eq!(calls.of("d").iter().filter(|c| matches!(c, Call::Start { .. })).count(), 1);
+    finish(&pool, &[&node]).await;
+}

@@ -1,0 +1,179 @@
+//! The pool against real private Redis servers, with in-process handlers
+//! that record every call.
+//!
+//! - `dispatch`: routing, outcomes, unique keys, queued jobs, failures.
+//! - `events`: stop and notify, order, sequence numbers, duplicates.
+//! - `membership`: workers joining and leaving while jobs run.
+//! - `load`: many dispatches; Redis commands per dispatch.
+#![allow(clippy::unwrap_used, reason = "tests and their helpers: a panic is the failure report")]
+
+mod dispatch;
+mod events;
+mod load;
+mod membership;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use pulse_pool::{HandlerError, Job, JobContext, JobHandler, Node, NodeOptions};
+use tokio::sync::Notify;
+
+/// How long a test waits for something that takes milliseconds.
+pub const PATIENCE: Duration = Duration::from_secs(30);
+
+/// One call a handler received.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Call {
+    Start { worker: String, key: String, payload: Vec<u8>, attempt: u32, requeued: bool },
+    Stop { worker: String, key: String },
+    Notify { worker: String, key: String, payload: Vec<u8>, seq: u64 },
+}
+
+impl Call {
+    pub fn key(&self) -> &str {
+        match self {
+            Call::Start { key, .. } | Call::Stop { key, .. } | Call::Notify { key, .. } => key,
+        }
+    }
+}
+
+/// Every call of every handler of a test, in order.
+#[derive(Clone, Default, Debug)]
+pub struct Calls {
+    calls: Arc<Mutex<Vec<Call>>>,
+    changed: Arc<Notify>,
+}
+
+impl Calls {
+    fn push(&self, call: Call) {
+        self.calls.lock().unwrap().push(call);
+        self.changed.notify_waiters();
+    }
+
+    pub fn all(&self) -> Vec<Call> {
+        self.calls.lock().unwrap().clone()
+    }
+
+    pub fn of(&self, key: &str) -> Vec<Call> {
+        self.all().into_iter().filter(|c| c.key() == key).collect()
+    }
+
+    pub fn starts(&self) -> usize {
+        self.all().iter().filter(|c| matches!(c, Call::Start { .. })).count()
+    }
+
+    /// Waits until `done` holds for the calls so far.
+    pub async fn wait_until(&self, what: &str, done: impl Fn(&[Call]) -> bool) {
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            let changed = self.changed.notified();
+            if done(&self.all()) {
+                return;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "timed out waiting until {what}");
+            let _ = tokio::time::timeout(Duration::from_millis(100), changed).await;
+        }
+    }
+}
+
+/// A handler that records its calls and reacts to payloads:
+/// `refuse` (invalid input), `fatal`, `retry` (always retryable),
+/// `retry-once` (retryable on the first attempt), `complete` (completes
+/// itself during start); anything else starts.
+#[derive(Clone, Debug)]
+pub struct Recording {
+    calls: Calls,
+    workers: Arc<Mutex<HashMap<String, String>>>,
+}
+
+impl Recording {
+    pub fn new(calls: &Calls) -> Self {
+        Self { calls: calls.clone(), workers: Arc::default() }
+    }
+
+    fn worker_of(&self, key: &str) -> String {
+        self.workers.lock().unwrap().get(key).cloned().unwrap_or_default()
+    }
+}
+
+impl JobHandler for Recording {
+    async fn start(&self, job: Job, ctx: JobContext) -> Result<(), HandlerError> {
+        self.workers.lock().unwrap().insert(job.key.clone(), ctx.worker().to_owned());
+        self.calls.push(Call::Start {
+            worker: ctx.worker().to_owned(),
+            key: job.key.clone(),
+            payload: job.payload.clone(),
+            attempt: job.attempt,
+            requeued: job.requeued,
+        });
+        match job.payload.as_slice() {
+            b"refuse" => Err(HandlerError::InvalidInput("refused on purpose".into())),
+            b"fatal" => Err(HandlerError::Fatal("failed on purpose".into())),
+            b"retry" => Err(HandlerError::Retryable("not yet".into())),
+            b"retry-once" if job.attempt == 1 => Err(HandlerError::Retryable("not yet".into())),
+            b"complete" => {
+                ctx.complete().await.unwrap();
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    async fn stop(&self, key: &str) -> Result<(), HandlerError> {
+        self.calls.push(Call::Stop { worker: self.worker_of(key), key: key.to_owned() });
+        Ok(())
+    }
+
+    async fn notify(&self, key: &str, payload: Vec<u8>, seq: u64) -> Result<(), HandlerError> {
+        self.calls.push(Call::Notify {
+            worker: self.worker_of(key),
+            key: key.to_owned(),
+            payload: payload.clone(),
+            seq,
+        });
+        match payload.as_slice() {
+            b"fatal" => Err(HandlerError::Fatal("notification failed on purpose".into())),
+            b"oops" => Err(HandlerError::Retryable("notification not handled".into())),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A client of the binary's shared private Redis.
+pub fn client() -> redis::Client {
+    redis::Client::open(pulse_testkit::shared_redis_url()).unwrap()
+}
+
+/// Options with a short reply timeout and backoff, for tests.
+pub fn options() -> NodeOptions {
+    NodeOptions { retry_backoff: Duration::from_millis(10), ..NodeOptions::default() }
+}
+
+/// A full node of pool `pool` with `workers` recording workers.
+pub async fn node(pool: &str, workers: usize, calls: &Calls) -> Node {
+    let node = Node::join(&client(), pool, options()).await.unwrap();
+    for _ in 0..workers {
+        node.add_worker(Recording::new(calls)).await.unwrap();
+    }
+    node
+}
+
+/// Stops every job, closes the nodes, removes what only a pool shutdown
+/// removes (membership maps, counters), and checks nothing else is left.
+pub async fn finish(pool: &str, nodes: &[&Node]) {
+    if let Some(node) = nodes.first() {
+        for job in node.jobs().await.unwrap() {
+            node.stop(&job.key).await.unwrap();
+            node.forget(&job.key).await.unwrap();
+        }
+    }
+    for node in nodes {
+        node.close().await;
+    }
+    let mut conn = pulse_testkit::connect(pulse_testkit::shared_redis_url()).await;
+    for suffix in ["map:slots", "map:workers", "tokens", "joins", "stream:events"] {
+        redis::cmd("DEL").arg(format!("pulse:{{{pool}}}:{suffix}")).exec_async(&mut conn).await.unwrap();
+    }
+    pulse_testkit::assert_no_keys(&mut conn, pool).await;
+}

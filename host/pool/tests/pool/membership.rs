@@ -1,0 +1,127 @@
+//! Workers joining and leaving while jobs run: jobs end up on the worker
+//! their key routes to, in order, none lost.
+
+use std::collections::HashMap;
+
+use pulse_pool::hash::slot_of;
+use pulse_pool::{DispatchOutcome, EventOutcome, Node};
+use pulse_testkit::unique;
+
+use crate::{Call, Calls, Recording, finish, node};
+
+/// Where each running job is, by the calls the handlers saw.
+fn placement_of(calls: &[Call]) -> HashMap<String, String> {
+    let mut running = HashMap::new();
+    for call in calls.iter().cloned() {
+        match call {
+            Call::Start { worker, key, .. } => {
+                running.insert(key, worker);
+            }
+            Call::Stop { key, worker } => {
+                if running.get(&key) == Some(&worker) {
+                    running.remove(&key);
+                }
+            }
+            Call::Notify { .. } => {}
+        }
+    }
+    running
+}
+
+/// Waits until every job runs, once, on the worker its key routes to.
+async fn assert_placed(node: &Node, calls: &Calls, jobs: usize) {
+    let workers = node.workers().await.unwrap();
+    let slots = u32::try_from(workers.len()).unwrap();
+    let by_slot: HashMap<u32, String> = workers.into_iter().map(|w| (w.slot.unwrap(), w.id)).collect();
+    let placed = |calls: &[Call]| {
+        let placement = placement_of(calls);
+        placement.len() == jobs
+            && placement.iter().all(|(key, worker)| *worker == by_slot[&slot_of(key, slots)])
+    };
+    calls.wait_until("every job sits on its slot's worker", placed).await;
+    // Settled: every job is also running (not moving or queued) in Redis.
+    for job in node.jobs().await.unwrap() {
+        assert_eq!(job.state, pulse_pool::JobState::Running, "{}", job.key);
+    }
+}
+
+#[tokio::test]
+async fn a_leaving_worker_hands_its_jobs_to_the_others_with_their_events_in_order() {
+    let pool = unique("leave");
+    let calls = Calls::default();
+    let node = node(&pool, 3, &calls).await;
+    for i in 0..60 {
+        assert_eq!(node.dispatch(&format!("job-{i}"), b"").await.unwrap(), DispatchOutcome::Started);
+    }
+    let leaving = node.workers().await.unwrap().remove(0).id;
+    // Notifications race the departure; each must arrive once, in order.
+    let notifier = async {
+        for round in 1..=5 {
+            for i in 0..60 {
+                let outcome = node.notify(&format!("job-{i}"), format!("{round}").as_bytes()).await.unwrap();
+                assert!(matches!(outcome, EventOutcome::Done | EventOutcome::Held), "{outcome:?}");
+            }
+        }
+    };
+    let (_, removed) = tokio::join!(notifier, node.remove_worker(&leaving));
+    removed.unwrap();
+    calls
+        .wait_until("every notification arrived", |c| {
+            c.iter().filter(|c| matches!(c, Call::Notify { .. })).count() == 300
+        })
+        .await;
+    for i in 0..60 {
+        let key = format!("job-{i}");
+        let rounds: Vec<Vec<u8>> = calls
+            .of(&key)
+            .into_iter()
+            .filter_map(|c| if let Call::Notify { payload, .. } = c { Some(payload) } else { None })
+            .collect();
+        let expected: Vec<Vec<u8>> = (1..=5).map(|r| format!("{r}").into_bytes()).collect();
+        assert_eq!(rounds, expected, "{key}");
+    }
+    // The leaving worker's jobs were stopped there and started again
+    // elsewhere, marked requeued.
+    let moved: Vec<String> = calls
+        .all()
+        .into_iter()
+        .filter_map(|c| {
+            if let Call::Stop { worker, key } = c { (worker == leaving).then_some(key) } else { None }
+        })
+        .collect();
+    assert!(!moved.is_empty(), "the leaving worker held jobs");
+    for key in &moved {
+        let restarted = calls
+            .of(key)
+            .into_iter()
+            .any(|c| matches!(c, Call::Start { worker, requeued: true, .. } if worker != leaving));
+        assert!(restarted, "{key} was started again elsewhere");
+    }
+    assert_placed(&node, &calls, 60).await;
+    finish(&pool, &[&node]).await;
+}
+
+#[tokio::test]
+async fn jobs_are_placed_by_their_key_when_workers_join_while_dispatches_are_in_flight() {
+    let pool = unique("join_in_flight");
+    let calls = Calls::default();
+    let first = node(&pool, 2, &calls).await;
+    let second = Node::join(&crate::client(), &pool, crate::options()).await.unwrap();
+    let dispatches = async {
+        for i in 0..300 {
+            let outcome = first.dispatch(&format!("job-{i}"), b"").await.unwrap();
+            assert_eq!(outcome, DispatchOutcome::Started);
+        }
+    };
+    let joins = async {
+        for _ in 0..2 {
+            second.add_worker(Recording::new(&calls)).await.unwrap();
+        }
+    };
+    tokio::join!(dispatches, joins);
+    assert_eq!(first.workers().await.unwrap().len(), 4);
+    // Once the pool settles, every job sits where its key routes, even the
+    // ones started with an older table, and none runs twice.
+    assert_placed(&first, &calls, 300).await;
+    finish(&pool, &[&first, &second]).await;
+}
