@@ -10,31 +10,73 @@
 //!
 //! - `runtime`: plugin compile and cached load time, instantiation latency,
 //!   call overhead at 16 B and 64 KiB, resident memory of idle instances.
+//! - `dispatch`: confirmed starts per second and their latency, with 1 and
+//!   32 concurrent dispatchers on a client-only node and 4 workers with a
+//!   no-op handler in another process; Redis commands and CPU per job.
+//!   Options: `--jobs N` (default 20,000), `--redis URL` (default: a
+//!   private `redis-server`).
 //!
 //! `--quick` runs fewer iterations (a smoke test of the program itself).
 #![allow(clippy::print_stdout, reason = "the program's output is its RESULT lines")]
 
+mod dispatch;
 mod report;
 mod runtime;
 
 use std::process::ExitCode;
 
-const USAGE: &str = "usage: pulse-bench SCENARIO [--quick]\nscenarios: runtime";
+const USAGE: &str =
+    "usage: pulse-bench SCENARIO [--quick] [--jobs N] [--redis URL]\nscenarios: runtime, dispatch";
+
+/// Parsed command line.
+#[derive(Debug)]
+pub struct Args {
+    /// Fewer iterations.
+    pub quick: bool,
+    /// `--jobs N`.
+    pub jobs: Option<usize>,
+    /// `--redis URL`.
+    pub redis: Option<String>,
+    /// Everything else, in order.
+    pub rest: Vec<String>,
+}
+
+fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
+    let mut parsed = Args { quick: false, jobs: None, redis: None, rest: Vec::new() };
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--quick" => parsed.quick = true,
+            "--jobs" => {
+                let value = args.next().ok_or("--jobs needs a number")?;
+                parsed.jobs =
+                    Some(value.parse().map_err(|_| format!("--jobs takes a whole number, got {value:?}"))?);
+            }
+            "--redis" => parsed.redis = Some(args.next().ok_or("--redis needs a URL")?),
+            other if other.starts_with("--") => return Err(format!("unknown option {other}")),
+            _ => parsed.rest.push(arg),
+        }
+    }
+    Ok(parsed)
+}
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let quick = args.iter().any(|a| a == "--quick");
-    let scenarios: Vec<&str> = args.iter().map(String::as_str).filter(|a| !a.starts_with("--")).collect();
-    if let Some(unknown) = args.iter().find(|a| a.starts_with("--") && *a != "--quick") {
-        eprintln!("pulse-bench: unknown option {unknown}\n{USAGE}");
-        return ExitCode::from(2);
-    }
-    let [scenario] = scenarios.as_slice() else {
+    let args = match parse(std::env::args().skip(1)) {
+        Ok(args) => args,
+        Err(error) => {
+            eprintln!("pulse-bench: {error}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let quick = args.quick;
+    let Some(scenario) = args.rest.first().cloned() else {
         eprintln!("{USAGE}");
         return ExitCode::from(2);
     };
-    let result = match *scenario {
+    let result = match scenario.as_str() {
         "runtime" => runtime::run(quick),
+        "dispatch" => dispatch::run(&args),
+        // The worker process the dispatch scenario spawns.
+        dispatch::SERVE_WORKERS => dispatch::serve_workers(&args),
         other => {
             eprintln!("pulse-bench: unknown scenario {other:?}\n{USAGE}");
             return ExitCode::from(2);

@@ -39,12 +39,12 @@ impl Node {
         let handle = worker::spawn(self.core.clone(), id.clone(), handler).await?;
         self.lock_workers().insert(id.clone(), handle);
         loop {
-            let next = core.slots.len().to_string();
-            if core.slots.set_if_not_exists(&next, &id).await? {
+            let next = core.slots.len();
+            if core.slots.set_if_not_exists(&next.to_string(), &id).await? {
                 break;
             }
-            let len = core.slots.len();
-            core.slots.wait_until(SETTLE, |slots| slots.len() != len).await;
+            // Another worker took that slot: wait until the replica shows it.
+            core.slots.wait_until(SETTLE, |slots| slots.len() > next).await;
         }
         core.slots.wait_until(SETTLE, |slots| slots.snapshot().values().any(|w| *w == id)).await;
         tracing::info!(worker = %id, slots = core.slots.len(), "worker joined");
@@ -75,7 +75,8 @@ impl Node {
         else {
             return Ok(());
         };
-        let last = (slots.len() - 1).to_string();
+        let before = slots.len();
+        let last = (before - 1).to_string();
         if index == last {
             slots.test_and_delete(&last, worker).await?;
         } else if let Some(last_worker) = slots.get(&last) {
@@ -84,8 +85,7 @@ impl Node {
             slots.test_and_set(&index, worker, &last_worker).await?;
             slots.test_and_delete(&last, &last_worker).await?;
         }
-        let len = slots.len();
-        slots.wait_until(SETTLE, |s| s.len() < len).await;
+        slots.wait_until(SETTLE, |s| s.len() < before && !s.snapshot().values().any(|w| w == worker)).await;
         Ok(())
     }
 

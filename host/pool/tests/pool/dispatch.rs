@@ -159,3 +159,22 @@ async fn a_job_that_completes_itself_frees_its_key() {
     assert_eq!(node.stop("done").await.unwrap(), pulse_pool::EventOutcome::NoSuchJob);
     finish(&pool, &[&node]).await;
 }
+
+#[tokio::test]
+async fn concurrent_dispatches_of_one_key_start_it_once() {
+    let pool = unique("race");
+    let calls = Calls::default();
+    let a = node(&pool, 2, &calls).await;
+    let b = Node::client(&client(), &pool, options()).await.unwrap();
+    let attempts = (0..20).map(|i| {
+        let node = if i % 2 == 0 { &a } else { &b };
+        async move { node.dispatch("contested", format!("{i}").as_bytes()).await.unwrap() }
+    });
+    let outcomes = futures_util::future::join_all(attempts).await;
+    let started = outcomes.iter().filter(|o| **o == DispatchOutcome::Started).count();
+    let exists = outcomes.iter().filter(|o| **o == DispatchOutcome::AlreadyExists(JobState::Running)).count();
+    assert_eq!((started, exists), (1, 19), "{outcomes:?}");
+    assert_eq!(calls.starts(), 1);
+    let _ = PATIENCE;
+    finish(&pool, &[&a, &b]).await;
+}

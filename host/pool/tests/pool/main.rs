@@ -152,6 +152,7 @@ pub fn options() -> NodeOptions {
 
 /// A full node of pool `pool` with `workers` recording workers.
 pub async fn node(pool: &str, workers: usize, calls: &Calls) -> Node {
+    pulse_testkit::init_tracing();
     let node = Node::join(&client(), pool, options()).await.unwrap();
     for _ in 0..workers {
         node.add_worker(Recording::new(calls)).await.unwrap();

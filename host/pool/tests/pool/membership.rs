@@ -125,3 +125,40 @@ async fn jobs_are_placed_by_their_key_when_workers_join_while_dispatches_are_in_
     assert_placed(&first, &calls, 300).await;
     finish(&pool, &[&first, &second]).await;
 }
+
+#[tokio::test]
+async fn every_node_lists_every_worker_of_the_pool() {
+    let pool = unique("listing");
+    let calls = Calls::default();
+    let a = node(&pool, 2, &calls).await;
+    let b = node(&pool, 1, &calls).await;
+    let mut listed: Vec<String> = Vec::new();
+    // B's worker joined last; A's replica shows it once it has applied it.
+    let deadline = tokio::time::Instant::now() + crate::PATIENCE;
+    while a.workers().await.unwrap().len() < 3 {
+        assert!(tokio::time::Instant::now() < deadline, "node A never saw B's worker");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    for worker in a.workers().await.unwrap() {
+        listed.push(format!("{}@{}", worker.id, if worker.node == a.id() { "a" } else { "b" }));
+    }
+    assert_eq!(listed.len(), 3, "{listed:?}");
+    assert_eq!(listed.iter().filter(|w| w.ends_with("@a")).count(), 2);
+    finish(&pool, &[&a, &b]).await;
+}
+
+#[tokio::test]
+async fn closing_a_node_hands_its_jobs_to_the_other_node() {
+    let pool = unique("node_close");
+    let calls = Calls::default();
+    let first = node(&pool, 1, &calls).await;
+    let second = node(&pool, 1, &calls).await;
+    for i in 0..40 {
+        assert_eq!(first.dispatch(&format!("job-{i}"), b"").await.unwrap(), DispatchOutcome::Started);
+    }
+    let first_worker = first.workers().await.unwrap().into_iter().find(|w| w.node == first.id()).unwrap().id;
+    first.close().await;
+    assert_placed(&second, &calls, 40).await;
+    assert!(placement_of(&calls.all()).values().all(|w| *w != first_worker));
+    finish(&pool, &[&second]).await;
+}
