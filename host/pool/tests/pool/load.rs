@@ -102,6 +102,52 @@ async fn a_dispatch_costs_the_same_few_commands_at_1000_and_50000_jobs() {
         running += N as usize;
     }
     assert!(per_dispatch.iter().all(|c| *c <= 12.0), "commands per dispatch: {per_dispatch:?}");
+
+    // Round trips: commands clients sent (MONITOR shows those run by
+    // scripts as coming from `lua`) for the dispatcher, the worker and the
+    // reply, between markers; minus the same time idle (blocking reads
+    // that time out, timers).
+    let monitor = client.get_async_monitor().await.unwrap();
+    let mut lines = monitor.into_on_message::<String>();
+    let counter = tokio::spawn(async move {
+        use futures_util::StreamExt as _;
+        let (mut window, mut counts) = (None, [0u64; 2]);
+        while let Some(line) = lines.next().await {
+            if line.contains("\"window-0\"") {
+                window = Some(0);
+            } else if line.contains("\"window-1\"") {
+                window = Some(1);
+            } else if line.contains("\"window-end\"") {
+                if window == Some(1) {
+                    return counts;
+                }
+                window = None;
+            } else if let Some(w) = window
+                && !line.contains(" lua]")
+            {
+                counts[w] += 1;
+            }
+        }
+        counts
+    });
+    const TRIPS: u64 = 200;
+    redis::cmd("ECHO").arg("window-0").exec_async(&mut conn).await.unwrap();
+    let started = Instant::now();
+    for i in 0..TRIPS {
+        assert_eq!(node.dispatch(&format!("trip-{i}"), b"").await.unwrap(), DispatchOutcome::Started);
+    }
+    let elapsed = started.elapsed();
+    redis::cmd("ECHO").arg("window-end").exec_async(&mut conn).await.unwrap();
+    redis::cmd("ECHO").arg("window-1").exec_async(&mut conn).await.unwrap();
+    tokio::time::sleep(elapsed).await;
+    redis::cmd("ECHO").arg("window-end").exec_async(&mut conn).await.unwrap();
+    let [busy, idle] = counter.await.unwrap();
+    let round_trips = busy.saturating_sub(idle) as f64 / TRIPS as f64;
+    eprintln!("{round_trips:.3} round trips per dispatch ({busy} busy, {idle} idle)");
+    // Four: the dispatch script, the worker's read, its answer, the
+    // dispatcher's read; plus the worker's inbox trim, once per 256 entries
+    // (one falls in a window of 200 dispatches or none).
+    assert!(round_trips <= 4.01, "round trips per dispatch: {round_trips:.3}");
     assert!(
         (per_dispatch[0] - per_dispatch[1]).abs() <= 1.0,
         "cost grows with the job count: {per_dispatch:?}"
