@@ -29,4 +29,15 @@ impl Backoff {
     pub(crate) fn reset(&mut self) {
         self.next = FIRST;
     }
+
+    /// Sleeps for the next wait, unless `token` is cancelled first; returns
+    /// whether the caller should go on.
+    pub(crate) async fn wait(&mut self, token: &tokio_util::sync::CancellationToken) -> bool {
+        let wait = self.next();
+        tokio::select! {
+            biased;
+            () = token.cancelled() => false,
+            () = tokio::time::sleep(wait) => true,
+        }
+    }
 }

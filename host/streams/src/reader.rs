@@ -248,12 +248,9 @@ async fn read_loop(shared: Arc<ReaderShared>, token: CancellationToken) {
             }
             Err(error) => {
                 conn = None;
-                let wait = backoff.next();
-                tracing::debug!(error = %error, ?wait, "read failed; retrying");
-                tokio::select! {
-                    biased;
-                    () = token.cancelled() => return,
-                    () = tokio::time::sleep(wait) => {}
+                tracing::debug!(error = %error, "read failed; retrying");
+                if !backoff.wait(&token).await {
+                    return;
                 }
             }
         }
