@@ -1,0 +1,142 @@
+//! A plugin as a pool worker: the pool's [`JobHandler`] over the runtime's
+//! [`JobRunner`], and the runtime's [`JobOutputs`] over the pool's
+//! [`JobContext`]. The one place that sees both pool and runtime.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use pulse_pool::{ContextError, HandlerError, JobContext, JobHandler};
+use pulse_runtime::{BoxFuture, CallError, HostRefusal, JobError, JobOutputs, JobRunner, Plugin};
+
+/// The contexts of the jobs a worker runs, by key: how a plugin's requests
+/// reach the pool, fenced by each job's token.
+#[derive(Default, Clone)]
+struct Contexts(Arc<Mutex<HashMap<String, JobContext>>>);
+
+impl Contexts {
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, JobContext>> {
+        // Held for one map operation, never across an await.
+        self.0.lock().unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    fn get(&self, key: &str) -> Option<JobContext> {
+        self.lock().get(key).cloned()
+    }
+}
+
+/// One worker's plugin.
+pub struct WasmHandler {
+    runner: JobRunner,
+    contexts: Contexts,
+}
+
+impl WasmHandler {
+    pub fn new(plugin: &Plugin) -> Self {
+        let contexts = Contexts::default();
+        let runner = plugin.runner(Arc::new(PoolOutputs { contexts: contexts.clone() }));
+        Self { runner, contexts }
+    }
+}
+
+impl JobHandler for WasmHandler {
+    async fn start(&self, job: pulse_pool::Job, ctx: JobContext) -> Result<(), HandlerError> {
+        let key = job.key.clone();
+        self.contexts.lock().insert(key.clone(), ctx);
+        let job = pulse_runtime::Job {
+            key: job.key,
+            payload: job.payload,
+            created_at_ms: job.created_at_ms,
+            requeued: job.requeued,
+            attempt: job.attempt,
+            state: job.state,
+        };
+        let result = self.runner.start(job).await;
+        if result.is_err() {
+            self.contexts.lock().remove(&key);
+        }
+        result.map_err(handler_error)
+    }
+
+    async fn stop(&self, key: &str) -> Result<(), HandlerError> {
+        let result = self.runner.stop(key).await;
+        self.contexts.lock().remove(key);
+        match result {
+            Ok(()) | Err(CallError::NotRunning(_)) => Ok(()),
+            Err(error) => Err(handler_error(error)),
+        }
+    }
+
+    async fn notify(&self, key: &str, payload: Vec<u8>, _seq: u64) -> Result<(), HandlerError> {
+        let result = self.runner.notify(key, payload).await;
+        if let Err(error) = &result
+            && error.ends_job()
+        {
+            self.contexts.lock().remove(key);
+        }
+        result.map_err(handler_error)
+    }
+}
+
+/// What a plugin's outcome means for the pool: its own errors keep their
+/// kind; traps and exhausted limits end the job (fatal) with their reason;
+/// an instance that could not be created may be next time (retryable).
+fn handler_error(error: CallError) -> HandlerError {
+    match error {
+        CallError::Guest(JobError::InvalidInput(message)) => HandlerError::InvalidInput(message),
+        CallError::Guest(JobError::Retryable(message)) => HandlerError::Retryable(message),
+        CallError::Guest(JobError::Fatal(message)) => HandlerError::Fatal(message),
+        CallError::Instantiate(message) => {
+            HandlerError::Retryable(format!("failed to instantiate the plugin: {message}"))
+        }
+        other => HandlerError::Fatal(other.to_string()),
+    }
+}
+
+/// A plugin's requests, sent to the pool through its job's context.
+struct PoolOutputs {
+    contexts: Contexts,
+}
+
+impl JobOutputs for PoolOutputs {
+    fn emit<'a>(&'a self, key: &'a str, payload: Vec<u8>) -> BoxFuture<'a, Result<(), HostRefusal>> {
+        Box::pin(async move {
+            let ctx = self.contexts.get(key).ok_or(HostRefusal::NotOwned)?;
+            ctx.emit(&payload).await.map(drop).map_err(refusal)
+        })
+    }
+
+    fn save_state<'a>(&'a self, key: &'a str, state: Vec<u8>) -> BoxFuture<'a, Result<(), HostRefusal>> {
+        Box::pin(async move {
+            let ctx = self.contexts.get(key).ok_or(HostRefusal::NotOwned)?;
+            ctx.save_state(&state).await.map_err(refusal)
+        })
+    }
+
+    fn complete<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), HostRefusal>> {
+        Box::pin(async move {
+            let ctx = self.contexts.get(key).ok_or(HostRefusal::NotOwned)?;
+            ctx.complete().await.map_err(refusal)?;
+            self.contexts.lock().remove(key);
+            Ok(())
+        })
+    }
+
+    fn job_failed<'a>(&'a self, key: &'a str, error: &'a CallError) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            let Some(ctx) = self.contexts.lock().remove(key) else { return };
+            if let Err(refused) = ctx.fail(&error.to_string()).await {
+                tracing::warn!(job.key = key, error = %refused, "failed to record a job's failure");
+            }
+        })
+    }
+}
+
+fn refusal(error: ContextError) -> HostRefusal {
+    match error {
+        ContextError::NotOwned => HostRefusal::NotOwned,
+        ContextError::TooLarge { size, limit } => {
+            HostRefusal::LimitExceeded(format!("{size} bytes exceed the limit of {limit} bytes"))
+        }
+        ContextError::Unavailable(message) => HostRefusal::Unavailable(message),
+    }
+}

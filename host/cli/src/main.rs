@@ -1,0 +1,276 @@
+//! `pulse-host`: runs job handler plugins as workers of Redis-coordinated
+//! pools, and drives their jobs from the command line.
+//!
+//! # Layout
+//! - this file: the command line (clap), logging, exit codes.
+//! - `run`: `pulse-host run`: plugins, pools, workers, signals.
+//! - `adapter`: a plugin as a pool worker (the one place that sees both).
+//! - `client`: the client commands, their output and exit codes.
+//! - `embedded`: the private `redis-server` used when no URL is given.
+#![allow(clippy::print_stdout, reason = "the binary owns the output")]
+
+mod adapter;
+mod client;
+mod embedded;
+mod run;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::client::exit;
+
+/// Runs keyed, long-running jobs as sandboxed WebAssembly components across
+/// machines that share a Redis.
+#[derive(Debug, Parser)]
+#[command(name = "pulse-host", version)]
+struct Cli {
+    /// The configuration file.
+    #[arg(long, global = true, default_value = "config.toml")]
+    config: PathBuf,
+    /// The Redis to use, instead of the config's `redis.url` or the private
+    /// server of the config's data directory.
+    #[arg(long, global = true, env = "PULSE_REDIS_URL")]
+    redis: Option<String>,
+    /// Log format on stderr (level from RUST_LOG; default info for `run`
+    /// and `check`, warn for the client commands).
+    #[arg(long, global = true, value_enum, default_value = "human")]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Human,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Runs the configured plugins as workers until SIGINT or SIGTERM.
+    Run,
+    /// Checks the configuration and loads every plugin, running nothing.
+    Check,
+    /// Dispatches a job; waits until a worker started it.
+    Dispatch {
+        #[arg(long)]
+        pool: String,
+        key: String,
+        /// The payload, as text.
+        #[arg(long, conflicts_with = "payload_file")]
+        payload: Option<String>,
+        /// A file whose bytes are the payload.
+        #[arg(long)]
+        payload_file: Option<PathBuf>,
+    },
+    /// Stops a job.
+    Stop {
+        #[arg(long)]
+        pool: String,
+        key: String,
+    },
+    /// Sends a notification to a job.
+    Notify {
+        #[arg(long)]
+        pool: String,
+        key: String,
+        #[arg(long, default_value = "")]
+        payload: String,
+    },
+    /// Shows one job.
+    Status {
+        #[arg(long)]
+        pool: String,
+        key: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Starts a failed job again from its first attempt.
+    Retry {
+        #[arg(long)]
+        pool: String,
+        key: String,
+    },
+    /// Removes a failed job, freeing its key.
+    Forget {
+        #[arg(long)]
+        pool: String,
+        key: String,
+    },
+    /// Lists the jobs of a pool.
+    Jobs {
+        #[arg(long)]
+        pool: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Lists the workers of a pool.
+    Workers {
+        #[arg(long)]
+        pool: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Prints what the plugins of a pool emitted.
+    Events {
+        #[arg(long)]
+        pool: String,
+        /// Keep printing new events until interrupted.
+        #[arg(long)]
+        follow: bool,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let default_level = if matches!(cli.command, Command::Run | Command::Check) { "info" } else { "warn" };
+    init_logs(cli.log_format, default_level);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("pulse-host: failed to start the async runtime: {error}");
+            return ExitCode::from(exit::ERROR);
+        }
+    };
+    match runtime.block_on(execute(cli)) {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("pulse-host: {error:#}");
+            ExitCode::from(exit::ERROR)
+        }
+    }
+}
+
+fn init_logs(format: LogFormat, default_level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder =
+        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(terminal);
+    match format {
+        LogFormat::Human => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
+    let config = pulse_config::load(&cli.config)?;
+    if let Command::Check = cli.command {
+        run::load_plugins(&config)?;
+        println!("{}: valid; {} plugin(s) load as job handlers", cli.config.display(), config.plugins.len());
+        return Ok(ExitCode::from(exit::OK));
+    }
+    if let Command::Run = cli.command {
+        let url = cli.redis.clone().or_else(|| config.redis.url.clone());
+        let embedded = match url {
+            Some(_) => None,
+            None => Some(embedded::Embedded::start(&config.redis.data_dir).await?),
+        };
+        let url = url.or_else(|| embedded.as_ref().map(|e| e.url().to_owned())).context("no Redis")?;
+        let client =
+            redis::Client::open(url.as_str()).with_context(|| format!("invalid Redis URL {url:?}"))?;
+        let result = run::run(&config, &client).await;
+        if let Some(embedded) = embedded {
+            embedded.stop().await;
+        }
+        return result.map(|()| ExitCode::from(exit::OK));
+    }
+    let url = match cli.redis.clone().or_else(|| config.redis.url.clone()) {
+        Some(url) => url,
+        None => {
+            let url = embedded::url(&config.redis.data_dir);
+            anyhow::ensure!(
+                embedded::answers(&url).await,
+                "no Redis: nothing answers at {} (start `pulse-host run` with this config, or give --redis)",
+                embedded::socket(&config.redis.data_dir).display()
+            );
+            url
+        }
+    };
+    let client = redis::Client::open(url.as_str()).with_context(|| format!("invalid Redis URL {url:?}"))?;
+    client_command(cli.command, &client, run::node_options(&config)).await
+}
+
+async fn client_command(
+    command: Command,
+    client: &redis::Client,
+    options: pulse_pool::NodeOptions,
+) -> anyhow::Result<ExitCode> {
+    if let Command::Events { pool, follow, json } = &command {
+        return client::events(client, pool, *follow, *json).await;
+    }
+    let pool = match &command {
+        Command::Dispatch { pool, .. }
+        | Command::Stop { pool, .. }
+        | Command::Notify { pool, .. }
+        | Command::Status { pool, .. }
+        | Command::Retry { pool, .. }
+        | Command::Forget { pool, .. }
+        | Command::Jobs { pool, .. }
+        | Command::Workers { pool, .. } => pool.clone(),
+        Command::Run | Command::Check | Command::Events { .. } => unreachable!("handled above"),
+    };
+    let node = client::connect(client, &pool, options).await?;
+    let result = answer(&node, command).await;
+    node.close().await;
+    let (code, message) = result?;
+    if !message.is_empty() {
+        println!("{message}");
+    }
+    Ok(ExitCode::from(code))
+}
+
+async fn answer(node: &pulse_pool::Node, command: Command) -> anyhow::Result<(u8, String)> {
+    Ok(match command {
+        Command::Dispatch { key, payload, payload_file, .. } => {
+            let payload = match payload_file {
+                Some(file) => {
+                    std::fs::read(&file).with_context(|| format!("failed to read {}", file.display()))?
+                }
+                None => payload.unwrap_or_default().into_bytes(),
+            };
+            client::dispatch_code(&node.dispatch(&key, &payload).await?)
+        }
+        Command::Stop { key, .. } => client::event_code(&node.stop(&key).await?, "stopped"),
+        Command::Notify { key, payload, .. } => {
+            client::event_code(&node.notify(&key, payload.as_bytes()).await?, "notified")
+        }
+        Command::Status { key, json, .. } => match node.status(&key).await? {
+            Some(job) if json => (exit::OK, client::job_json(&job).to_string()),
+            Some(job) => (
+                exit::OK,
+                format!(
+                    "{}: {} on {} (attempt {}){}",
+                    job.key,
+                    client::state_name(job.state),
+                    job.worker.as_deref().unwrap_or("no worker"),
+                    job.attempt,
+                    job.reason.map(|r| format!(", failed: {r}")).unwrap_or_default()
+                ),
+            ),
+            None => (exit::NOT_FOUND_OR_EXISTS, "no such job".into()),
+        },
+        Command::Retry { key, .. } => match node.retry(&key).await? {
+            true => (exit::OK, "queued again from attempt 1".into()),
+            false => (exit::NOT_FOUND_OR_EXISTS, "no failed job has this key".into()),
+        },
+        Command::Forget { key, .. } => match node.forget(&key).await? {
+            true => (exit::OK, "forgotten".into()),
+            false => (exit::NOT_FOUND_OR_EXISTS, "no failed job has this key".into()),
+        },
+        Command::Jobs { json, .. } => {
+            client::print_jobs(&mut node.jobs().await?, json);
+            (exit::OK, String::new())
+        }
+        Command::Workers { json, .. } => {
+            client::print_workers(&node.workers().await?, json);
+            (exit::OK, String::new())
+        }
+        Command::Run | Command::Check | Command::Events { .. } => unreachable!("handled before"),
+    })
+}

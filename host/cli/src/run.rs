@@ -1,0 +1,95 @@
+//! `pulse-host run`: loads the plugins, joins their pools, adds their
+//! workers, and serves until SIGINT or SIGTERM; then every worker leaves
+//! (its jobs move to the other hosts, or wait for a worker) and the host
+//! exits. A second signal exits at once.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use pulse_config::{Config, Isolation};
+use pulse_pool::{Node, NodeOptions};
+use pulse_runtime::{Limits, PluginOptions, Runtime, RuntimeConfig};
+
+use crate::adapter::WasmHandler;
+
+/// Builds the runtime and loads every plugin, refusing any that is not a
+/// valid job handler.
+pub fn load_plugins(config: &Config) -> anyhow::Result<(Runtime, Vec<pulse_runtime::Plugin>)> {
+    let mut runtime_config = RuntimeConfig::default()
+        .max_instances(config.runtime.max_instances)
+        .max_memory_per_instance(config.runtime.max_memory_per_instance)
+        .fuel(config.runtime.fuel);
+    if let Some(dir) = &config.runtime.cache_dir {
+        runtime_config = runtime_config.cache_dir(dir);
+    }
+    let runtime = Runtime::new(runtime_config).context("failed to start the plugin runtime")?;
+    let mut plugins = Vec::new();
+    for plugin in &config.plugins {
+        let options = PluginOptions {
+            limits: Limits {
+                memory: plugin.limits.memory,
+                call_timeout: plugin.limits.call_timeout,
+                fuel: plugin.limits.fuel,
+            },
+            settings: plugin.settings.clone(),
+            isolation: match plugin.isolation {
+                Isolation::Job => pulse_runtime::Isolation::Job,
+                Isolation::Worker => pulse_runtime::Isolation::Worker,
+            },
+        };
+        plugins.push(runtime.load_file(&plugin.name, &plugin.path, options)?);
+    }
+    Ok((runtime, plugins))
+}
+
+pub fn node_options(config: &Config) -> NodeOptions {
+    NodeOptions {
+        max_jobs: config.node.max_jobs,
+        max_payload: usize::try_from(config.node.max_payload).unwrap_or(usize::MAX),
+        reply_timeout: config.node.reply_timeout,
+        max_attempts: config.node.max_attempts,
+        retry_backoff: config.node.retry_backoff,
+        events_retention: usize::try_from(config.node.events_retention).unwrap_or(usize::MAX),
+        ..NodeOptions::default()
+    }
+}
+
+pub async fn run(config: &Config, client: &redis::Client) -> anyhow::Result<()> {
+    let (_runtime, plugins) = load_plugins(config)?;
+    let mut nodes: Vec<Arc<Node>> = Vec::new();
+    for (plugin_config, plugin) in config.plugins.iter().zip(&plugins) {
+        let node = Node::join(client, &plugin_config.pool, node_options(config))
+            .await
+            .with_context(|| format!("failed to join pool {:?}", plugin_config.pool))?;
+        for _ in 0..plugin_config.workers {
+            let worker = node.add_worker(WasmHandler::new(plugin)).await?;
+            tracing::info!(pool = %plugin_config.pool, plugin = %plugin_config.name, worker, "worker added");
+        }
+        nodes.push(Arc::new(node));
+    }
+    tracing::info!(pools = nodes.len(), "running; Ctrl-C or SIGTERM to leave");
+    wait_for_signal().await?;
+    tracing::info!("leaving: handing jobs to the other hosts (a second signal exits at once)");
+    let leave = async {
+        for node in &nodes {
+            node.close().await;
+        }
+    };
+    tokio::select! {
+        () = leave => {}
+        result = wait_for_signal() => {
+            result?;
+            tracing::warn!("second signal: exiting without handing the remaining jobs over");
+        }
+    }
+    Ok(())
+}
+
+async fn wait_for_signal() -> anyhow::Result<()> {
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("failed to listen for SIGTERM")?;
+    tokio::select! {
+        result = tokio::signal::ctrl_c() => result.context("failed to listen for SIGINT"),
+        _ = terminate.recv() => Ok(()),
+    }
+}

@@ -1,0 +1,87 @@
+//! A host runs plugins as pool workers; the CLI drives their jobs.
+
+use pulse_testkit::RedisServer;
+use pulse_testkit::plugins::{ECHO, TRAP};
+
+use crate::{Host, cli, eventually, wait_for_workers, write_config};
+
+fn job_state(
+    config: &std::path::Path,
+    redis: Option<&str>,
+    pool: &str,
+    key: &str,
+) -> Option<serde_json::Value> {
+    let (code, out) = cli(config, redis, &["status", "--pool", pool, key, "--json"]);
+    (code == 0).then(|| serde_json::from_str(&out).unwrap())
+}
+
+#[test]
+fn the_cli_dispatches_notifies_lists_and_stops_jobs_of_a_running_host() {
+    let server = RedisServer::start();
+    let redis = Some(server.url());
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        &[("echo", ECHO, "workers = 2\n[plugin.settings]\nprefix = \"> \""), ("trap", TRAP, "")],
+        "",
+    );
+    let host = Host::start(&config, redis);
+    wait_for_workers(&config, redis, "echo", 2);
+    wait_for_workers(&config, redis, "trap", 1);
+
+    assert_eq!(
+        cli(&config, redis, &["dispatch", "--pool", "echo", "greeting", "--payload", "hello"]),
+        (0, "started".into())
+    );
+    assert_eq!(cli(&config, redis, &["dispatch", "--pool", "echo", "greeting"]).0, 3, "a taken key");
+    assert_eq!(
+        cli(&config, redis, &["notify", "--pool", "echo", "greeting", "--payload", "again"]),
+        (0, "notified".into())
+    );
+    let (code, events) = cli(&config, redis, &["events", "--pool", "echo"]);
+    assert_eq!(code, 0);
+    assert!(events.contains("greeting: > hello") && events.contains("greeting: > again"), "{events}");
+
+    // A plugin that traps during notify fails its job, with the trap.
+    assert_eq!(cli(&config, redis, &["dispatch", "--pool", "trap", "doomed", "--payload", "ok"]).0, 0);
+    let (code, out) = cli(&config, redis, &["notify", "--pool", "trap", "doomed", "--payload", "trap"]);
+    assert_eq!(code, 5, "{out}");
+    let failed = job_state(&config, redis, "trap", "doomed").unwrap();
+    assert_eq!(failed["state"], "failed");
+    assert!(failed["reason"].as_str().unwrap().contains("unreachable"), "{failed}");
+    // The host and the other jobs carry on.
+    assert_eq!(cli(&config, redis, &["notify", "--pool", "echo", "greeting", "--payload", "still"]).0, 0);
+    let (code, jobs) = cli(&config, redis, &["jobs", "--pool", "trap", "--json"]);
+    assert_eq!(code, 0);
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&jobs).unwrap().as_array().unwrap().len(), 1);
+    assert_eq!(cli(&config, redis, &["forget", "--pool", "trap", "doomed"]).0, 0);
+
+    assert_eq!(cli(&config, redis, &["stop", "--pool", "echo", "greeting"]), (0, "stopped".into()));
+    assert_eq!(cli(&config, redis, &["status", "--pool", "echo", "greeting"]).0, 3);
+    assert_eq!(host.terminate(), 0, "SIGTERM: the host leaves and exits 0");
+}
+
+#[test]
+fn sigterm_hands_jobs_back_and_the_embedded_redis_keeps_them_for_the_next_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &[("echo", ECHO, "")], "[redis]\ndata_dir = \"data\"\n");
+    let host = Host::start(&config, None);
+    wait_for_workers(&config, None, "echo", 1);
+    assert_eq!(cli(&config, None, &["dispatch", "--pool", "echo", "survivor", "--payload", "kept"]).0, 0);
+    assert_eq!(host.terminate(), 0);
+    assert!(
+        !dir.path().join("data/redis.sock").exists()
+            || cli(&config, None, &["jobs", "--pool", "echo"]).0 != 0,
+        "the host stopped its private redis-server"
+    );
+
+    // The next run finds the job in the append-only file and starts it.
+    let host = Host::start(&config, None);
+    eventually("the job runs again after the restart", || {
+        job_state(&config, None, "echo", "survivor").is_some_and(|job| job["state"] == "running")
+    });
+    let (_, events) = cli(&config, None, &["events", "--pool", "echo"]);
+    assert_eq!(events.matches("survivor: kept").count(), 2, "started once per run: {events}");
+    assert_eq!(cli(&config, None, &["stop", "--pool", "echo", "survivor"]).0, 0);
+    assert_eq!(host.terminate(), 0);
+}

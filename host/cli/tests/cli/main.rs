@@ -1,0 +1,110 @@
+//! The `pulse-host` binary, as users run it: real processes, real Redis,
+//! real plugins.
+//!
+//! - `check`: configurations and plugins refused with precise messages.
+//! - `hosting`: a host runs plugins as workers; the CLI drives their jobs.
+#![allow(clippy::unwrap_used, reason = "tests and their helpers: a panic is the failure report")]
+
+mod check;
+mod hosting;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long a test waits for a host to do something that takes
+/// milliseconds.
+pub const PATIENCE: Duration = Duration::from_secs(30);
+
+/// The binary under test.
+pub fn binary() -> &'static str {
+    env!("CARGO_BIN_EXE_pulse-host")
+}
+
+/// Writes `config.toml` into `dir` with these plugin tables (`path`s of
+/// built plugins by name) and extra text.
+pub fn write_config(dir: &Path, plugins: &[(&str, &str, &str)], extra: &str) -> PathBuf {
+    let mut text = String::from(extra);
+    for (name, plugin, more) in plugins {
+        let path = pulse_testkit::plugins::path(plugin);
+        text.push_str(&format!("\n[[plugin]]\nname = \"{name}\"\npath = \"{}\"\n{more}\n", path.display()));
+    }
+    let path = dir.join("config.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Runs a client command; returns its exit code and standard output.
+pub fn cli(config: &Path, redis: Option<&str>, args: &[&str]) -> (i32, String) {
+    let mut command = Command::new(binary());
+    command.arg("--config").arg(config).env_remove("PULSE_REDIS_URL");
+    if let Some(url) = redis {
+        command.args(["--redis", url]);
+    }
+    let output = command.args(args).output().unwrap();
+    (output.status.code().unwrap_or(-1), String::from_utf8_lossy(&output.stdout).trim().to_owned())
+}
+
+/// A `pulse-host run` process, terminated when dropped.
+#[derive(Debug)]
+pub struct Host {
+    pub child: Child,
+}
+
+impl Host {
+    pub fn start(config: &Path, redis: Option<&str>) -> Self {
+        let mut command = Command::new(binary());
+        command.arg("--config").arg(config).env_remove("PULSE_REDIS_URL");
+        if let Some(url) = redis {
+            command.args(["--redis", url]);
+        }
+        let child = command
+            .arg("run")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        Self { child }
+    }
+
+    /// Sends SIGTERM and waits; returns the exit code.
+    pub fn terminate(mut self) -> i32 {
+        let pid = self.child.id().to_string();
+        Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code().unwrap_or(-1);
+            }
+            assert!(Instant::now() < deadline, "the host did not exit after SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits until `done` holds, polling.
+pub fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + PATIENCE;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Waits until pool `pool` has `count` workers.
+pub fn wait_for_workers(config: &Path, redis: Option<&str>, pool: &str, count: usize) {
+    eventually(&format!("{count} workers serve {pool}"), || {
+        let (code, out) = cli(config, redis, &["workers", "--pool", pool, "--json"]);
+        code == 0
+            && serde_json::from_str::<serde_json::Value>(&out).ok().and_then(|v| v.as_array().map(Vec::len))
+                == Some(count)
+    });
+}

@@ -1,0 +1,183 @@
+//! `config.toml` of pulse-host: parsed, then validated as a whole, then
+//! handed to the binary as typed settings. Libraries never see TOML.
+//!
+//! # Layout
+//! - this file: [`Config`] and its sections, [`load`], [`ConfigError`].
+//! - `raw`: the file's shape (serde, unknown keys refused, positions kept).
+//! - `units`: durations and sizes written as strings.
+//!
+//! Every problem of a file is reported at once, each with its line and
+//! what is allowed.
+#![warn(missing_docs)]
+
+mod raw;
+pub mod units;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// A loaded, valid configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// The file it was read from.
+    pub path: PathBuf,
+    /// Where Redis is.
+    pub redis: RedisConfig,
+    /// The node's settings.
+    pub node: NodeConfig,
+    /// The plugin runtime's settings.
+    pub runtime: RuntimeConfig,
+    /// The plugins, in file order.
+    pub plugins: Vec<PluginConfig>,
+}
+
+/// `[redis]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisConfig {
+    /// `url`; none: the host runs a private `redis-server`.
+    pub url: Option<String>,
+    /// `data_dir`: where the private `redis-server` keeps its socket and
+    /// append-only file (default: `.pulse-host` beside the config file).
+    pub data_dir: PathBuf,
+}
+
+/// `[node]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeConfig {
+    /// `max_jobs` (0: no limit).
+    pub max_jobs: u64,
+    /// `max_payload`, bytes.
+    pub max_payload: u64,
+    /// `reply_timeout`.
+    pub reply_timeout: Duration,
+    /// `max_attempts`.
+    pub max_attempts: u32,
+    /// `retry_backoff`.
+    pub retry_backoff: Duration,
+    /// `events_retention`: entries of each pool's events stream.
+    pub events_retention: u64,
+}
+
+/// `[runtime]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuntimeConfig {
+    /// `max_instances`.
+    pub max_instances: u32,
+    /// `max_memory_per_instance`, bytes.
+    pub max_memory_per_instance: u64,
+    /// `cache_dir`.
+    pub cache_dir: Option<PathBuf>,
+    /// `fuel`.
+    pub fuel: bool,
+}
+
+/// One `[[plugin]]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PluginConfig {
+    /// `name`.
+    pub name: String,
+    /// `path`, resolved against the config file's folder.
+    pub path: PathBuf,
+    /// `pool` (default: the name).
+    pub pool: String,
+    /// `workers` on this host.
+    pub workers: u32,
+    /// `isolation`.
+    pub isolation: Isolation,
+    /// `[plugin.limits]`.
+    pub limits: Limits,
+    /// `[plugin.settings]`.
+    pub settings: BTreeMap<String, String>,
+}
+
+/// `isolation`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isolation {
+    /// `"job"`.
+    Job,
+    /// `"worker"`.
+    Worker,
+}
+
+/// `[plugin.limits]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// `memory`, bytes.
+    pub memory: u64,
+    /// `call_timeout`.
+    pub call_timeout: Duration,
+    /// `fuel`.
+    pub fuel: Option<u64>,
+}
+
+/// A configuration that could not be loaded: every problem, each with its
+/// line.
+#[derive(Debug, thiserror::Error)]
+#[error("{}", render(path, problems))]
+pub struct ConfigError {
+    /// The file.
+    pub path: PathBuf,
+    /// What is wrong, in file order.
+    pub problems: Vec<Problem>,
+}
+
+/// One problem of a configuration file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// The line (from 1), when known.
+    pub line: Option<usize>,
+    /// What is wrong and what is allowed.
+    pub message: String,
+}
+
+fn render(path: &Path, problems: &[Problem]) -> String {
+    let mut out = format!("invalid configuration {} ({} problem(s)):", path.display(), problems.len());
+    for problem in problems {
+        match problem.line {
+            Some(line) => out.push_str(&format!("\n  {}:{line}: {}", path.display(), problem.message)),
+            None => out.push_str(&format!("\n  {}: {}", path.display(), problem.message)),
+        }
+    }
+    out
+}
+
+/// Reads and validates `path`.
+///
+/// # Errors
+/// [`ConfigError`] with every problem found.
+pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|error| ConfigError {
+        path: path.to_owned(),
+        problems: vec![Problem { line: None, message: format!("cannot read the file: {error}") }],
+    })?;
+    parse(path, &text)
+}
+
+/// Validates `text` as if read from `path`.
+///
+/// # Errors
+/// [`ConfigError`] with every problem found.
+pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
+    // Absolute, so paths resolved against its folder stay valid whatever
+    // the working directory of whoever uses them (redis-server changes its
+    // own to its data directory).
+    let path = &std::path::absolute(path).unwrap_or_else(|_| path.to_owned());
+    let fail = |problems| ConfigError { path: path.to_owned(), problems };
+    let raw: raw::File = toml::from_str(text).map_err(|error| {
+        let line = error.span().map(|span| line_of(text, span.start));
+        fail(vec![Problem { line, message: error.message().to_owned() }])
+    })?;
+    let base = path.parent().map(Path::to_owned).unwrap_or_default();
+    raw.validate(&base, text)
+        .map(|mut config| {
+            config.path = path.to_owned();
+            config
+        })
+        .map_err(fail)
+}
+
+/// The line (from 1) of byte `offset` of `text`.
+pub(crate) fn line_of(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())].bytes().filter(|b| *b == b'\n').count() + 1
+}

@@ -1,0 +1,302 @@
+//! The shape of `config.toml`, as serde reads it: unknown keys refused,
+//! positions kept for the values that validation checks.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use crate::units::{self, DURATION_FORMS, SIZE_FORMS};
+use crate::{
+    Config, Isolation, Limits, NodeConfig, PluginConfig, Problem, RedisConfig, RuntimeConfig, line_of,
+};
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct File {
+    #[serde(default)]
+    redis: Redis,
+    #[serde(default)]
+    node: Node,
+    #[serde(default)]
+    runtime: Runtime,
+    #[serde(default)]
+    plugin: Vec<Plugin>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct Redis {
+    url: Option<String>,
+    data_dir: Option<String>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct Node {
+    max_jobs: Option<u64>,
+    max_payload: Option<Spanned<String>>,
+    reply_timeout: Option<Spanned<String>>,
+    max_attempts: Option<Spanned<u32>>,
+    retry_backoff: Option<Spanned<String>>,
+    events_retention: Option<u64>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct Runtime {
+    max_instances: Option<Spanned<u32>>,
+    max_memory_per_instance: Option<Spanned<String>>,
+    cache_dir: Option<String>,
+    fuel: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Plugin {
+    name: Spanned<String>,
+    path: Spanned<String>,
+    pool: Option<Spanned<String>>,
+    workers: Option<u32>,
+    isolation: Option<Spanned<String>>,
+    #[serde(default)]
+    limits: PluginLimits,
+    #[serde(default)]
+    settings: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct PluginLimits {
+    memory: Option<Spanned<String>>,
+    call_timeout: Option<Spanned<String>>,
+    fuel: Option<u64>,
+}
+
+/// Collects problems while reading values.
+struct Check<'a> {
+    text: &'a str,
+    problems: Vec<Problem>,
+}
+
+impl Check<'_> {
+    fn problem<T>(&mut self, spanned: &Spanned<T>, message: String) {
+        self.problems.push(Problem { line: Some(line_of(self.text, spanned.span().start)), message });
+    }
+
+    fn duration(
+        &mut self,
+        key: &str,
+        value: Option<&Spanned<String>>,
+        default: std::time::Duration,
+    ) -> std::time::Duration {
+        let Some(value) = value else { return default };
+        units::duration(value.get_ref()).unwrap_or_else(|| {
+            self.problem(
+                value,
+                format!("`{key}` = {:?} is not a duration: write {DURATION_FORMS}", value.get_ref()),
+            );
+            default
+        })
+    }
+
+    fn size(&mut self, key: &str, value: Option<&Spanned<String>>, default: u64) -> u64 {
+        let Some(value) = value else { return default };
+        units::size(value.get_ref()).unwrap_or_else(|| {
+            self.problem(value, format!("`{key}` = {:?} is not a size: write {SIZE_FORMS}", value.get_ref()));
+            default
+        })
+    }
+}
+
+impl File {
+    pub(crate) fn validate(self, base: &Path, text: &str) -> Result<Config, Vec<Problem>> {
+        let mut check = Check { text, problems: Vec::new() };
+        let node = NodeConfig {
+            max_jobs: self.node.max_jobs.unwrap_or(0),
+            max_payload: check.size("node.max_payload", self.node.max_payload.as_ref(), 1 << 20),
+            reply_timeout: check.duration("node.reply_timeout", self.node.reply_timeout.as_ref(), secs(10)),
+            max_attempts: match &self.node.max_attempts {
+                Some(n) if *n.get_ref() == 0 => {
+                    check.problem(n, "`node.max_attempts` must be at least 1".into());
+                    1
+                }
+                Some(n) => *n.get_ref(),
+                None => 3,
+            },
+            retry_backoff: check.duration(
+                "node.retry_backoff",
+                self.node.retry_backoff.as_ref(),
+                millis(100),
+            ),
+            events_retention: self.node.events_retention.unwrap_or(10_000),
+        };
+        let runtime = RuntimeConfig {
+            max_instances: match &self.runtime.max_instances {
+                Some(n) if *n.get_ref() == 0 => {
+                    check.problem(n, "`runtime.max_instances` must be at least 1".into());
+                    1
+                }
+                Some(n) => *n.get_ref(),
+                None => 1000,
+            },
+            max_memory_per_instance: check.size(
+                "runtime.max_memory_per_instance",
+                self.runtime.max_memory_per_instance.as_ref(),
+                64 << 20,
+            ),
+            cache_dir: self.runtime.cache_dir.map(|dir| base.join(dir)),
+            fuel: self.runtime.fuel.unwrap_or(false),
+        };
+        let mut names = HashSet::new();
+        let mut plugins = Vec::new();
+        for plugin in self.plugin {
+            let name = plugin.name.get_ref().clone();
+            if !valid_name(&name) {
+                check.problem(
+                    &plugin.name,
+                    format!(
+                        "plugin name {name:?}: allowed are 1 to 100 ASCII letters, digits, '-', '_' or '.'"
+                    ),
+                );
+            } else if !names.insert(name.clone()) {
+                check.problem(
+                    &plugin.name,
+                    format!("plugin name {name:?} is used twice; names must be unique"),
+                );
+            }
+            let path = base.join(plugin.path.get_ref());
+            if !path.is_file() {
+                check.problem(
+                    &plugin.path,
+                    format!(
+                        "plugin {name:?}: no file at {} (build plugins with scripts/build-plugins)",
+                        path.display()
+                    ),
+                );
+            }
+            let pool = match &plugin.pool {
+                Some(pool) if !valid_name(pool.get_ref()) => {
+                    check.problem(
+                        pool,
+                        format!(
+                            "pool name {:?}: allowed are 1 to 100 ASCII letters, digits, '-', '_' or '.'",
+                            pool.get_ref()
+                        ),
+                    );
+                    name.clone()
+                }
+                Some(pool) => pool.get_ref().clone(),
+                None => name.clone(),
+            };
+            let isolation = match plugin.isolation.as_ref().map(|i| (i, i.get_ref().as_str())) {
+                None | Some((_, "job")) => Isolation::Job,
+                Some((_, "worker")) => Isolation::Worker,
+                Some((spanned, other)) => {
+                    check.problem(
+                        spanned,
+                        format!("`isolation` = {other:?}: allowed are \"job\" and \"worker\""),
+                    );
+                    Isolation::Job
+                }
+            };
+            let limits = Limits {
+                memory: check.size("limits.memory", plugin.limits.memory.as_ref(), 64 << 20),
+                call_timeout: check.duration(
+                    "limits.call_timeout",
+                    plugin.limits.call_timeout.as_ref(),
+                    secs(10),
+                ),
+                fuel: plugin.limits.fuel,
+            };
+            if limits.memory > runtime.max_memory_per_instance
+                && let Some(memory) = &plugin.limits.memory
+            {
+                check.problem(
+                    memory,
+                    format!(
+                        "plugin {name:?}: limits.memory exceeds runtime.max_memory_per_instance ({} bytes)",
+                        runtime.max_memory_per_instance
+                    ),
+                );
+            }
+            if limits.fuel.is_some() && !runtime.fuel {
+                check
+                    .problem(&plugin.name, format!("plugin {name:?}: limits.fuel needs runtime.fuel = true"));
+            }
+            plugins.push(PluginConfig {
+                name,
+                path,
+                pool,
+                workers: plugin.workers.unwrap_or(1),
+                isolation,
+                limits,
+                settings: plugin.settings,
+            });
+        }
+        if !check.problems.is_empty() {
+            return Err(check.problems);
+        }
+        let data_dir = base.join(self.redis.data_dir.unwrap_or_else(|| ".pulse-host".into()));
+        Ok(Config {
+            path: Default::default(),
+            redis: RedisConfig { url: self.redis.url, data_dir },
+            node,
+            runtime,
+            plugins,
+        })
+    }
+}
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 100
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+fn secs(n: u64) -> std::time::Duration {
+    std::time::Duration::from_secs(n)
+}
+
+fn millis(n: u64) -> std::time::Duration {
+    std::time::Duration::from_millis(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use crate::parse;
+
+    #[test]
+    fn every_problem_is_reported_with_its_line() {
+        let text = "[node]\nreply_timeout = \"10 days\"\n\n[[plugin]]\nname = \"a\"\npath = \"missing.wasm\"\nisolation = \"thread\"\n";
+        let error = parse(Path::new("/tmp/x/config.toml"), text).unwrap_err();
+        let lines: Vec<_> = error.problems.iter().map(|p| p.line).collect();
+        assert_eq!(lines, [Some(2), Some(6), Some(7)], "{error}");
+        let message = error.to_string();
+        assert!(
+            message.contains("config.toml:2: `node.reply_timeout` = \"10 days\" is not a duration"),
+            "{message}"
+        );
+        assert!(message.contains("allowed are \"job\" and \"worker\""), "{message}");
+    }
+
+    #[test]
+    fn unknown_keys_are_refused_with_their_line() {
+        let error = parse(Path::new("c.toml"), "[node]\nmax_jbos = 3\n").unwrap_err();
+        assert_eq!(error.problems[0].line, Some(2));
+        assert!(error.to_string().contains("unknown field `max_jbos`"), "{error}");
+    }
+
+    #[test]
+    fn defaults_fill_what_is_absent() {
+        let config = parse(Path::new("/etc/pulse/config.toml"), "").unwrap();
+        assert_eq!(config.node.max_attempts, 3);
+        assert_eq!(config.runtime.max_instances, 1000);
+        assert_eq!(config.redis.url, None);
+        assert_eq!(config.redis.data_dir, Path::new("/etc/pulse/.pulse-host"));
+        assert!(config.plugins.is_empty());
+    }
+}
