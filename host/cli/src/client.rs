@@ -122,6 +122,19 @@ pub fn print_workers(workers: &[WorkerInfo], as_json: bool) {
     }
 }
 
+pub fn print_nodes(nodes: &[pulse_pool::NodeInfo], as_json: bool) {
+    let mut out = std::io::stdout().lock();
+    if as_json {
+        let list: Vec<_> = nodes.iter().map(|n| json!({"id": n.id, "workers": n.workers})).collect();
+        let _ = writeln!(out, "{}", serde_json::Value::Array(list));
+        return;
+    }
+    let _ = writeln!(out, "{:<20} WORKERS", "NODE");
+    for node in nodes {
+        let _ = writeln!(out, "{:<20} {}", node.id, node.workers.join(" "));
+    }
+}
+
 /// Prints what plugins emitted in `pool`; with `follow`, keeps printing
 /// new events until interrupted.
 pub async fn events(

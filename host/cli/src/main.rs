@@ -114,6 +114,13 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Lists the nodes hosting workers of a pool.
+    Nodes {
+        #[arg(long)]
+        pool: String,
+        #[arg(long)]
+        json: bool,
+    },
     /// Prints what the plugins of a pool emitted.
     Events {
         #[arg(long)]
@@ -212,7 +219,8 @@ async fn client_command(
         | Command::Retry { pool, .. }
         | Command::Forget { pool, .. }
         | Command::Jobs { pool, .. }
-        | Command::Workers { pool, .. } => pool.clone(),
+        | Command::Workers { pool, .. }
+        | Command::Nodes { pool, .. } => pool.clone(),
         Command::Run | Command::Check | Command::Events { .. } => unreachable!("handled above"),
     };
     let node = client::connect(client, &pool, options).await?;
@@ -269,6 +277,10 @@ async fn answer(node: &pulse_pool::Node, command: Command) -> anyhow::Result<(u8
         }
         Command::Workers { json, .. } => {
             client::print_workers(&node.workers().await?, json);
+            (exit::OK, String::new())
+        }
+        Command::Nodes { json, .. } => {
+            client::print_nodes(&node.nodes(), json);
             (exit::OK, String::new())
         }
         Command::Run | Command::Check | Command::Events { .. } => unreachable!("handled before"),

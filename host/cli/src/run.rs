@@ -42,6 +42,15 @@ pub fn load_plugins(config: &Config) -> anyhow::Result<(Runtime, Vec<pulse_runti
     Ok((runtime, plugins))
 }
 
+/// A plugin's name and the SHA-256 of its file, as recorded with its pool.
+fn plugin_identity(plugin: &pulse_config::PluginConfig) -> anyhow::Result<String> {
+    use sha2::Digest as _;
+    let bytes =
+        std::fs::read(&plugin.path).with_context(|| format!("failed to read {}", plugin.path.display()))?;
+    let digest: String = sha2::Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
+    Ok(format!("{:?} (sha256 {digest})", plugin.name))
+}
+
 pub fn node_options(config: &Config) -> NodeOptions {
     NodeOptions {
         max_jobs: config.node.max_jobs,
@@ -57,15 +66,13 @@ pub fn node_options(config: &Config) -> NodeOptions {
 pub async fn run(config: &Config, client: &redis::Client) -> anyhow::Result<()> {
     let (_runtime, plugins) = load_plugins(config)?;
     let mut nodes: Vec<Arc<Node>> = Vec::new();
-    for (plugin_config, plugin) in config.plugins.iter().zip(&plugins) {
-        let node = Node::join(client, &plugin_config.pool, node_options(config))
-            .await
-            .with_context(|| format!("failed to join pool {:?}", plugin_config.pool))?;
-        for _ in 0..plugin_config.workers {
-            let worker = node.add_worker(WasmHandler::new(plugin)).await?;
-            tracing::info!(pool = %plugin_config.pool, plugin = %plugin_config.name, worker, "worker added");
+    if let Err(error) = join_pools(config, client, &plugins, &mut nodes).await {
+        // Leave what was joined: no slot may stay behind for a worker that
+        // will never read its inbox.
+        for node in &nodes {
+            node.close().await;
         }
-        nodes.push(Arc::new(node));
+        return Err(error);
     }
     tracing::info!(pools = nodes.len(), "running; Ctrl-C or SIGTERM to leave");
     wait_for_signal().await?;
@@ -80,6 +87,37 @@ pub async fn run(config: &Config, client: &redis::Client) -> anyhow::Result<()> 
         result = wait_for_signal() => {
             result?;
             tracing::warn!("second signal: exiting without handing the remaining jobs over");
+        }
+    }
+    Ok(())
+}
+
+/// Joins each plugin's pool and adds its workers; `nodes` gets every node
+/// joined, also when a later one fails.
+async fn join_pools(
+    config: &Config,
+    client: &redis::Client,
+    plugins: &[pulse_runtime::Plugin],
+    nodes: &mut Vec<Arc<Node>>,
+) -> anyhow::Result<()> {
+    for (plugin_config, plugin) in config.plugins.iter().zip(plugins) {
+        let node = Arc::new(
+            Node::join(client, &plugin_config.pool, node_options(config))
+                .await
+                .with_context(|| format!("failed to join pool {:?}", plugin_config.pool))?,
+        );
+        nodes.push(node.clone());
+        let identity = plugin_identity(plugin_config)?;
+        if let Some(recorded) = node.claim_handler(&identity).await? {
+            anyhow::bail!(
+                "pool {:?} is served by plugin {recorded}; this host brings {identity}: a pool runs one plugin \
+                 (give this plugin another pool, or stop the pool's other hosts first)",
+                plugin_config.pool
+            );
+        }
+        for _ in 0..plugin_config.workers {
+            let worker = node.add_worker(WasmHandler::new(plugin)).await?;
+            tracing::info!(pool = %plugin_config.pool, plugin = %plugin_config.name, worker, "worker added");
         }
     }
     Ok(())

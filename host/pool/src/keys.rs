@@ -17,6 +17,8 @@ pub(crate) struct PoolKeys {
     pub(crate) queued: String,
     /// What plugins emit.
     pub(crate) events: String,
+    /// The identity of the handler that serves the pool.
+    pub(crate) handler: String,
 }
 
 /// Name of the slot table map (slot index -> worker id).
@@ -34,6 +36,7 @@ impl PoolKeys {
             joins: key("joins"),
             queued: key("queued"),
             events: pulse_streams::stream_key(pool, "events"),
+            handler: key("handler"),
         }
     }
 

@@ -35,4 +35,4 @@ mod worker;
 pub use context::{ContextError, JobContext};
 pub use error::{Error, Result};
 pub use job::{DispatchOutcome, EventOutcome, HandlerError, Job, JobHandler, JobInfo, JobState};
-pub use node::{Node, NodeOptions, WorkerInfo};
+pub use node::{Node, NodeInfo, NodeOptions, WorkerInfo};

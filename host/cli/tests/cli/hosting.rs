@@ -56,6 +56,12 @@ fn the_cli_dispatches_notifies_lists_and_stops_jobs_of_a_running_host() {
     assert_eq!(serde_json::from_str::<serde_json::Value>(&jobs).unwrap().as_array().unwrap().len(), 1);
     assert_eq!(cli(&config, redis, &["forget", "--pool", "trap", "doomed"]).0, 0);
 
+    let (code, nodes) = cli(&config, redis, &["nodes", "--pool", "echo", "--json"]);
+    assert_eq!(code, 0);
+    let nodes: serde_json::Value = serde_json::from_str(&nodes).unwrap();
+    assert_eq!(nodes.as_array().unwrap().len(), 1, "{nodes}");
+    assert_eq!(nodes[0]["workers"].as_array().unwrap().len(), 2, "{nodes}");
+
     assert_eq!(cli(&config, redis, &["stop", "--pool", "echo", "greeting"]), (0, "stopped".into()));
     assert_eq!(cli(&config, redis, &["status", "--pool", "echo", "greeting"]).0, 3);
     assert_eq!(host.terminate(), 0, "SIGTERM: the host leaves and exits 0");
@@ -83,5 +89,31 @@ fn sigterm_hands_jobs_back_and_the_embedded_redis_keeps_them_for_the_next_run() 
     let (_, events) = cli(&config, None, &["events", "--pool", "echo"]);
     assert_eq!(events.matches("survivor: kept").count(), 2, "started once per run: {events}");
     assert_eq!(cli(&config, None, &["stop", "--pool", "echo", "survivor"]).0, 0);
+    assert_eq!(host.terminate(), 0);
+}
+
+#[test]
+fn a_host_bringing_another_plugin_to_a_pool_is_refused_with_both_digests() {
+    let server = RedisServer::start();
+    let redis = Some(server.url());
+    let first_dir = tempfile::tempdir().unwrap();
+    let first = write_config(first_dir.path(), &[("echo", ECHO, "pool = \"shared\"")], "");
+    let host = Host::start(&first, redis);
+    wait_for_workers(&first, redis, "shared", 1);
+
+    let second_dir = tempfile::tempdir().unwrap();
+    let second = write_config(second_dir.path(), &[("trap", TRAP, "pool = \"shared\"")], "");
+    let output = std::process::Command::new(crate::binary())
+        .arg("--config")
+        .arg(&second)
+        .args(["--redis", server.url(), "run"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{err}");
+    assert!(err.contains("pool \"shared\" is served by plugin \"echo\" (sha256 "), "{err}");
+    assert!(err.contains("this host brings \"trap\" (sha256 "), "{err}");
+    // The refused host left nothing behind: the pool still has one worker.
+    wait_for_workers(&first, redis, "shared", 1);
     assert_eq!(host.terminate(), 0);
 }

@@ -26,7 +26,34 @@ pub struct WorkerInfo {
     pub jobs: u64,
 }
 
+/// What the pool knows of a full node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeInfo {
+    /// Its id.
+    pub id: String,
+    /// The workers it hosts.
+    pub workers: Vec<String>,
+}
+
 impl Node {
+    /// The pool's full nodes (those hosting workers), from the workers
+    /// they host; client-only nodes are not members and are not listed.
+    pub fn nodes(&self) -> Vec<NodeInfo> {
+        let mut nodes: std::collections::BTreeMap<String, Vec<String>> = std::collections::BTreeMap::new();
+        for (worker, value) in self.core.workers.snapshot() {
+            if let Some((node, _)) = value.split_once('|') {
+                nodes.entry(node.to_owned()).or_default().push(worker);
+            }
+        }
+        nodes
+            .into_iter()
+            .map(|(id, mut workers)| {
+                workers.sort();
+                NodeInfo { id, workers }
+            })
+            .collect()
+    }
+
     /// What the pool knows of job `key`.
     ///
     /// # Errors

@@ -52,6 +52,26 @@ impl Node {
         Ok(id)
     }
 
+    /// Records `identity` (say, a plugin's name and digest) as the handler
+    /// that serves the pool, unless one is recorded already. Returns the
+    /// identity recorded before when it differs: a pool is served by one
+    /// handler, and a host bringing another must not join it.
+    ///
+    /// # Errors
+    /// Redis failures.
+    pub async fn claim_handler(&self, identity: &str) -> Result<Option<String>> {
+        let core = &self.core;
+        let mut conn = core.conn.clone();
+        let (recorded,): (String,) = redis::pipe()
+            .set_nx(&core.keys.handler, identity)
+            .ignore()
+            .get(&core.keys.handler)
+            .query_async(&mut conn)
+            .await
+            .map_err(core.redis_error("record the pool's handler"))?;
+        Ok((recorded != identity).then_some(recorded))
+    }
+
     /// Removes worker `id` of this node: it leaves the slot table (no new
     /// job is routed to it), then stops its jobs (their handlers' `stop`,
     /// after every event sent to them before) and hands them back; they are

@@ -30,7 +30,7 @@ use crate::keys::{PoolKeys, SLOTS_MAP, WORKERS_MAP, validate_pool};
 use crate::scripts;
 use crate::worker::WorkerHandle;
 
-pub use listing::WorkerInfo;
+pub use listing::{NodeInfo, WorkerInfo};
 
 /// Options of a node.
 ///

@@ -144,6 +144,10 @@ async fn every_node_lists_every_worker_of_the_pool() {
     }
     assert_eq!(listed.len(), 3, "{listed:?}");
     assert_eq!(listed.iter().filter(|w| w.ends_with("@a")).count(), 2);
+    let nodes = a.nodes();
+    assert_eq!(nodes.len(), 2, "{nodes:?}");
+    assert_eq!(nodes.iter().find(|n| n.id == a.id()).unwrap().workers.len(), 2);
+    assert_eq!(nodes.iter().find(|n| n.id == b.id()).unwrap().workers.len(), 1);
     finish(&pool, &[&a, &b]).await;
 }
 
