@@ -49,6 +49,42 @@ pub fn dispatch_code(outcome: &DispatchOutcome) -> (u8, String) {
     }
 }
 
+/// Dispatches the jobs of a JSON-lines file, 32 at a time; prints one line
+/// per job. The exit code is the first non-zero one, or 0.
+pub async fn dispatch_many(node: &Node, file: &std::path::Path) -> anyhow::Result<(u8, String)> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Line {
+        key: String,
+        #[serde(default)]
+        payload: String,
+    }
+    let text = std::fs::read_to_string(file).with_context(|| format!("failed to read {}", file.display()))?;
+    let mut jobs = Vec::new();
+    for (number, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let job: Line = serde_json::from_str(line).with_context(|| {
+            format!("{}:{}: expected {{\"key\": \"…\", \"payload\": \"…\"}}", file.display(), number + 1)
+        })?;
+        jobs.push(job);
+    }
+    let mut code = exit::OK;
+    let mut out = String::new();
+    for batch in jobs.chunks(32) {
+        let outcomes = futures_util::future::join_all(
+            batch.iter().map(|job| node.dispatch(&job.key, job.payload.as_bytes())),
+        )
+        .await;
+        for (job, outcome) in batch.iter().zip(outcomes) {
+            let (job_code, message) = dispatch_code(&outcome?);
+            if code == exit::OK {
+                code = job_code;
+            }
+            out.push_str(&format!("{}: {message}\n", job.key));
+        }
+    }
+    Ok((code, out.trim_end().to_owned()))
+}
+
 pub fn event_code(outcome: &EventOutcome, done: &str) -> (u8, String) {
     match outcome {
         EventOutcome::Done => (exit::OK, done.into()),

@@ -54,11 +54,17 @@ enum Command {
     Run,
     /// Checks the configuration and loads every plugin, running nothing.
     Check,
-    /// Dispatches a job; waits until a worker started it.
+    /// Dispatches a job (or many, with --from-file); waits until a worker
+    /// started it.
     Dispatch {
         #[arg(long)]
         pool: String,
-        key: String,
+        #[arg(required_unless_present = "from_file")]
+        key: Option<String>,
+        /// JSON lines `{"key": "…", "payload": "…"}` (payload optional): one
+        /// job per line, dispatched 32 at a time.
+        #[arg(long, conflicts_with_all = ["key", "payload", "payload_file"])]
+        from_file: Option<PathBuf>,
         /// The payload, as text.
         #[arg(long, conflicts_with = "payload_file")]
         payload: Option<String>,
@@ -235,7 +241,9 @@ async fn client_command(
 
 async fn answer(node: &pulse_pool::Node, command: Command) -> anyhow::Result<(u8, String)> {
     Ok(match command {
+        Command::Dispatch { from_file: Some(file), .. } => client::dispatch_many(node, &file).await?,
         Command::Dispatch { key, payload, payload_file, .. } => {
+            let key = key.context("a KEY or --from-file is needed")?;
             let payload = match payload_file {
                 Some(file) => {
                     std::fs::read(&file).with_context(|| format!("failed to read {}", file.display()))?

@@ -62,6 +62,20 @@ fn the_cli_dispatches_notifies_lists_and_stops_jobs_of_a_running_host() {
     assert_eq!(nodes.as_array().unwrap().len(), 1, "{nodes}");
     assert_eq!(nodes[0]["workers"].as_array().unwrap().len(), 2, "{nodes}");
 
+    let batch = dir.path().join("jobs.jsonl");
+    std::fs::write(
+        &batch,
+        "{\"key\": \"b1\", \"payload\": \"one\"}\n{\"key\": \"b2\"}\n{\"key\": \"greeting\"}\n",
+    )
+    .unwrap();
+    let (code, out) =
+        cli(&config, redis, &["dispatch", "--pool", "echo", "--from-file", batch.to_str().unwrap()]);
+    assert_eq!(code, 3, "the taken key decides the exit code: {out}");
+    assert_eq!(out, "b1: started\nb2: started\ngreeting: already exists (running)");
+    for key in ["b1", "b2"] {
+        assert_eq!(cli(&config, redis, &["stop", "--pool", "echo", key]).0, 0);
+    }
+
     assert_eq!(cli(&config, redis, &["stop", "--pool", "echo", "greeting"]), (0, "stopped".into()));
     assert_eq!(cli(&config, redis, &["status", "--pool", "echo", "greeting"]).0, 3);
     assert_eq!(host.terminate(), 0, "SIGTERM: the host leaves and exits 0");
