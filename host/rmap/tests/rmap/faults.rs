@@ -139,50 +139,17 @@ async fn a_map_deleted_behind_the_replicas_back_is_detected_by_its_epoch() {
 #[tokio::test]
 async fn absolute_ttl_is_set_once_and_sliding_ttl_is_renewed() {
     let mut conn = pulse_testkit::connect(pulse_testkit::shared_redis_url()).await;
-    let client = crate::client();
-    let pttl = |conn: &mut redis::aio::MultiplexedConnection, name: String| {
-        let mut conn = conn.clone();
-        async move {
-            let ms: i64 = redis::cmd("PTTL")
-                .arg(format!("pulse:{{{name}}}:map:{name}"))
-                .query_async(&mut conn)
-                .await
-                .unwrap();
-            ms
-        }
-    };
 
-    let name = unique("absolute_ttl");
-    let map = Map::join(&client, &name, MapOptions::default().ttl(Ttl::Absolute(Duration::from_secs(60))))
-        .await
-        .unwrap();
-    map.set("a", "1").await.unwrap();
-    redis::cmd("PEXPIRE")
-        .arg(format!("pulse:{{{name}}}:map:{name}"))
-        .arg(30_000)
-        .exec_async(&mut conn)
-        .await
-        .unwrap();
-    map.set("b", "2").await.unwrap();
-    let left = pttl(&mut conn, name.clone()).await;
+    let (map, left) =
+        ttl_after_a_write(&mut conn, "absolute_ttl", Ttl::Absolute(Duration::from_secs(60))).await;
     assert!(left > 0 && left <= 30_000, "an absolute TTL is not extended by writes: {left} ms");
     map.destroy().await.unwrap();
     map.close().await;
 
-    let name = unique("sliding_ttl");
-    let map = Map::join(&client, &name, MapOptions::default().ttl(Ttl::Sliding(Duration::from_secs(60))))
-        .await
-        .unwrap();
-    map.set("a", "1").await.unwrap();
-    redis::cmd("PEXPIRE")
-        .arg(format!("pulse:{{{name}}}:map:{name}"))
-        .arg(30_000)
-        .exec_async(&mut conn)
-        .await
-        .unwrap();
-    map.set("b", "2").await.unwrap();
-    let left = pttl(&mut conn, name.clone()).await;
+    let (map, left) =
+        ttl_after_a_write(&mut conn, "sliding_ttl", Ttl::Sliding(Duration::from_secs(60))).await;
     assert!(left > 30_000, "a sliding TTL is renewed by writes: {left} ms");
+    let name = map.name().to_owned();
 
     // Once expired, the map starts over under a new epoch and replicas follow.
     redis::cmd("PEXPIRE")
@@ -192,7 +159,7 @@ async fn absolute_ttl_is_set_once_and_sliding_ttl_is_renewed() {
         .await
         .unwrap();
     let deadline = tokio::time::Instant::now() + PATIENCE;
-    while pttl(&mut conn, name.clone()).await != -2 {
+    while pttl(&mut conn, &name).await != -2 {
         assert!(tokio::time::Instant::now() < deadline, "the map did not expire");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
@@ -200,4 +167,26 @@ async fn absolute_ttl_is_set_once_and_sliding_ttl_is_renewed() {
     eventually(&map, "only the key written after expiry remains", |m| m.keys() == ["after"]).await;
     map.destroy().await.unwrap();
     map.close().await;
+}
+
+/// The map's remaining time to live in ms (-2: gone).
+async fn pttl(conn: &mut redis::aio::MultiplexedConnection, name: &str) -> i64 {
+    redis::cmd("PTTL").arg(format!("pulse:{{{name}}}:map:{name}")).query_async(conn).await.unwrap()
+}
+
+/// Joins a map with `ttl`, writes, cuts its TTL to 30 s from outside,
+/// writes again, and returns the map and what is left of its TTL.
+async fn ttl_after_a_write(conn: &mut redis::aio::MultiplexedConnection, base: &str, ttl: Ttl) -> (Map, i64) {
+    let name = unique(base);
+    let map = Map::join(&crate::client(), &name, MapOptions::default().ttl(ttl)).await.unwrap();
+    map.set("a", "1").await.unwrap();
+    redis::cmd("PEXPIRE")
+        .arg(format!("pulse:{{{name}}}:map:{name}"))
+        .arg(30_000)
+        .exec_async(conn)
+        .await
+        .unwrap();
+    map.set("b", "2").await.unwrap();
+    let left = pttl(conn, &name).await;
+    (map, left)
 }

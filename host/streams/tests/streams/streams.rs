@@ -16,14 +16,7 @@ async fn add_returns_increasing_ids_and_stores_name_payload_and_topic() {
     assert!(first < second || first.len() < second.len(), "{first} then {second}");
     assert_eq!(stream.len().await.unwrap(), 2);
 
-    let mut conn = pulse_testkit::connect(pulse_testkit::shared_redis_url()).await;
-    let entries: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
-        .arg(format!("pulse:{{{name}}}:stream:{name}"))
-        .arg("-")
-        .arg("+")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let entries = entries(&name).await;
     let fields: Vec<_> =
         entries.ids[0].map.keys().cloned().collect::<std::collections::BTreeSet<_>>().into_iter().collect();
     assert_eq!(fields, ["n", "p", "t"]);
@@ -58,15 +51,8 @@ async fn a_full_stream_trims_only_what_every_group_acknowledged_then_refuses() {
     assert!(error.to_string().contains("full"), "{error}");
 
     // What `slow` has not acknowledged is all still there.
-    let mut conn = pulse_testkit::connect(pulse_testkit::shared_redis_url()).await;
-    let entries: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
-        .arg(format!("pulse:{{{name}}}:stream:{name}"))
-        .arg("-")
-        .arg("+")
-        .query_async(&mut conn)
+    let kept: Vec<String> = entries(&name)
         .await
-        .unwrap();
-    let kept: Vec<String> = entries
         .ids
         .iter()
         .map(|e| match &e.map["p"] {
@@ -107,4 +93,16 @@ async fn invalid_names_are_refused() {
     let stream = open(&unique("names"), StreamOptions::default()).await;
     let error = stream.sink("bad group", SinkOptions::default()).await.unwrap_err();
     assert!(error.to_string().contains("group name"), "{error}");
+}
+
+/// Every entry of stream `name`, read straight from Redis.
+async fn entries(name: &str) -> redis::streams::StreamRangeReply {
+    let mut conn = pulse_testkit::connect(pulse_testkit::shared_redis_url()).await;
+    redis::cmd("XRANGE")
+        .arg(format!("pulse:{{{name}}}:stream:{name}"))
+        .arg("-")
+        .arg("+")
+        .query_async(&mut conn)
+        .await
+        .unwrap()
 }
