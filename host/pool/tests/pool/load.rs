@@ -130,7 +130,7 @@ async fn a_dispatch_costs_the_same_few_commands_at_1000_and_50000_jobs() {
         }
         counts
     });
-    const TRIPS: u64 = 200;
+    const TRIPS: u64 = 1_000;
     redis::cmd("ECHO").arg("window-0").exec_async(&mut conn).await.unwrap();
     let started = Instant::now();
     for i in 0..TRIPS {
@@ -145,9 +145,9 @@ async fn a_dispatch_costs_the_same_few_commands_at_1000_and_50000_jobs() {
     let round_trips = busy.saturating_sub(idle) as f64 / TRIPS as f64;
     eprintln!("{round_trips:.3} round trips per dispatch ({busy} busy, {idle} idle)");
     // Four: the dispatch script, the worker's read, its answer, the
-    // dispatcher's read; plus the worker's inbox trim, once per 256 entries
-    // (one falls in a window of 200 dispatches or none).
-    assert!(round_trips <= 4.01, "round trips per dispatch: {round_trips:.3}");
+    // dispatcher's read; plus each worker's inbox trim once per 256 entries
+    // it processes (a few in a window of 1,000 dispatches over 4 workers).
+    assert!(round_trips <= 4.02, "round trips per dispatch: {round_trips:.3}");
     assert!(
         (per_dispatch[0] - per_dispatch[1]).abs() <= 1.0,
         "cost grows with the job count: {per_dispatch:?}"
