@@ -29,7 +29,6 @@ impl Node {
         let keys = &core.keys;
         // Registered before anything is sent: the answer cannot beat it.
         let mut waiter = core.waiters.register(core.next_request());
-        let replies = keys.replies(&core.id);
         for _ in 0..MAX_ROUTING_RETRIES {
             let (rev, worker) = core.route(key);
             let mut conn = core.conn.clone();
@@ -45,7 +44,7 @@ impl Node {
                 .arg(payload)
                 .arg(rev.to_string())
                 .arg(&worker)
-                .arg(&replies)
+                .arg(&core.replies)
                 .arg(&waiter.request)
                 .arg(core.options.max_jobs)
                 .invoke_async(&mut conn)
@@ -142,7 +141,6 @@ impl Node {
         let core = &self.core;
         let keys = &core.keys;
         let mut waiter = core.waiters.register(core.next_request());
-        let replies = keys.replies(&core.id);
         let (_, mut owner) = core.route(key);
         for _ in 0..MAX_ROUTING_RETRIES {
             let mut conn = core.conn.clone();
@@ -155,7 +153,7 @@ impl Node {
                 .arg(kind)
                 .arg(key)
                 .arg(&owner)
-                .arg(&replies)
+                .arg(&core.replies)
                 .arg(&waiter.request)
                 .arg(payload)
                 .invoke_async(&mut conn)
@@ -214,7 +212,7 @@ impl Node {
 }
 
 /// The status word and optional detail of a script's answer.
-fn status(answer: &[Value], op: &'static str) -> Result<(String, String)> {
+pub(super) fn status(answer: &[Value], op: &'static str) -> Result<(String, String)> {
     let text = |value: Option<&Value>| -> Option<String> {
         match value? {
             Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),

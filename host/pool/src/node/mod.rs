@@ -80,6 +80,8 @@ pub(crate) struct Core {
     pub(crate) id: String,
     pub(crate) client: redis::Client,
     pub(crate) keys: PoolKeys,
+    /// This node's reply stream key, where workers answer its requests.
+    pub(crate) replies: String,
     pub(crate) conn: ConnectionManager,
     pub(crate) options: NodeOptions,
     pub(crate) slots: Map,
@@ -172,6 +174,7 @@ impl Node {
         let workers = Map::join(client, WORKERS_MAP, MapOptions::default().hash_tag(pool)).await?;
         let id = format!("n{}-{:06x}", std::process::id(), fastrand::u32(..0xff_ffff));
         let core = Arc::new(Core {
+            replies: keys.replies(&id),
             id,
             client: client.clone(),
             keys,
@@ -221,8 +224,7 @@ impl Node {
         self.tasks.close();
         self.tasks.wait().await;
         let mut conn = self.core.conn.clone();
-        let _: redis::RedisResult<()> =
-            redis::cmd("DEL").arg(self.core.keys.replies(&self.core.id)).exec_async(&mut conn).await;
+        let _: redis::RedisResult<()> = redis::cmd("DEL").arg(&self.core.replies).exec_async(&mut conn).await;
         self.core.slots.close().await;
         self.core.workers.close().await;
         tracing::info!(pool = %self.core.keys.pool, node = %self.core.id, "left the pool");

@@ -100,7 +100,7 @@ pub(crate) async fn start(core: &Arc<Core>, token: &CancellationToken, tasks: &T
                         let mut conn = core.conn.clone();
                         let ttl = u64::try_from(REPLY_STREAM_TTL.as_millis()).unwrap_or(u64::MAX);
                         let _: redis::RedisResult<()> = redis::cmd("PEXPIRE")
-                            .arg(core.keys.replies(&core.id)).arg(ttl).exec_async(&mut conn).await;
+                            .arg(&core.replies).arg(ttl).exec_async(&mut conn).await;
                     }
                     event = subscription.recv() => match event {
                         Some(ReaderEvent::Event(event)) => match wire::decode_reply(&event.payload) {

@@ -66,16 +66,11 @@ impl Core {
                 .invoke_async(&mut conn)
                 .await
                 .map_err(core.redis_error("assign a queued job"))?;
-            match answer.first() {
-                Some(Value::BulkString(status)) if status.as_slice() == b"stale" => {
-                    let rev = match answer.get(1) {
-                        Some(Value::BulkString(rev)) => String::from_utf8_lossy(rev).into_owned(),
-                        _ => String::new(),
-                    };
-                    self.catch_up(&rev).await;
-                }
-                _ => return Ok(()),
+            let (status, rev) = super::dispatch::status(&answer, "assign")?;
+            if status != "stale" {
+                return Ok(());
             }
+            self.catch_up(&rev).await;
         }
         Ok(())
     }
