@@ -19,12 +19,16 @@
 local hash = KEYS[1]
 local channel = ARGV[1]
 
--- A netstring: length, colon, bytes, comma. Change messages and list
--- values are sequences of them: binary-safe, canonical, easy to parse.
-local function ns(s)
-  return #s .. ':' .. s .. ','
+-- The change format and the netstring helpers are in library.lua
+-- (prepended before this file).
+local map = {hash = hash, channel = channel, epoch = ARGV[2]}
+
+-- Publishes a change of this map (see rmap_publish). Returns rev, epoch.
+local function publish(op, ...)
+  return rmap_publish(map, op, ...)
 end
 
+-- A list value: its items as netstrings.
 local function encode(items)
   local out = {}
   for i, item in ipairs(items) do
@@ -33,40 +37,8 @@ local function encode(items)
   return table.concat(out)
 end
 
--- The items of a list value, or nil when the value is not a well-formed
--- list. Every iteration moves `pos` forward, so it ends on any input.
-local function decode(value)
-  local items, pos = {}, 1
-  if not value then return items end
-  while pos <= #value do
-    local colon = string.find(value, ':', pos, true)
-    if not colon then return nil end
-    local digits = string.sub(value, pos, colon - 1)
-    if not string.match(digits, '^%d+$') then return nil end
-    local len = tonumber(digits)
-    if string.sub(value, colon + len + 1, colon + len + 1) ~= ',' then return nil end
-    table.insert(items, string.sub(value, colon + 1, colon + len))
-    pos = colon + len + 2
-  end
-  return items
-end
-
--- Bumps the revision (creating the epoch if needed) and publishes
--- op, epoch, rev and the arguments. Returns rev, epoch.
-local function publish(op, ...)
-  local epoch = redis.call('HGET', hash, '=epoch')
-  if not epoch then
-    epoch = ARGV[2]
-    redis.call('HSET', hash, '=epoch', epoch)
-  end
-  local rev = redis.call('HINCRBY', hash, '=rev', 1)
-  local message = ns(op) .. ns(epoch) .. ns(tostring(rev))
-  for _, arg in ipairs({...}) do
-    message = message .. ns(arg)
-  end
-  redis.call('PUBLISH', channel, message)
-  return rev, epoch
-end
+-- The items of a list value, or nil when it is malformed.
+local decode = netstrings
 
 -- Applies the map's time to live, in the same atomic step as the change.
 local function expire()

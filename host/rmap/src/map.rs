@@ -160,6 +160,12 @@ impl Map {
         &self.shared.keys.hash
     }
 
+    /// The pub/sub channel of the map's changes, for scripts of other
+    /// crates that change the map with [`crate::SCRIPT_LIBRARY`].
+    pub fn channel(&self) -> &str {
+        &self.shared.keys.channel
+    }
+
     /// The value at `key` in the local replica.
     pub fn get(&self, key: &str) -> Option<String> {
         self.shared.read().content.get(key).cloned()
