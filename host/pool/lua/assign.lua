@@ -18,19 +18,24 @@ if not job or job.state ~= 'queued' then
   return {'skip'}
 end
 local token = tostring(redis.call('INCR', KEYS[4]))
-local r = redis.call('HMGET', record, 'payload', 'created', 'attempt', 'state', 'requeued')
+-- `reply` and `request`: a dispatcher still waiting for the start, when
+-- the job's first worker was evicted before it started it.
+local r = redis.call('HMGET', record, 'payload', 'created', 'attempt', 'state', 'requeued', 'reply', 'request')
 local has_state = r[4] and '1' or '0'
-local start = ns(key) .. ns(token) .. ns('0') .. ns('') .. ns('') .. ns(r[3] or '1') .. ns(r[5] or '0')
-  .. ns(r[2] or '') .. ns(r[1] or '') .. ns(has_state) .. ns(r[4] or '')
+local start = ns(key) .. ns(token) .. ns('0') .. ns(r[6] or '') .. ns(r[7] or '') .. ns(r[3] or '1')
+  .. ns(r[5] or '0') .. ns(r[2] or '') .. ns(r[1] or '') .. ns(has_state) .. ns(r[4] or '')
 redis.call('XADD', KEYS[6], '*', 'n', 'start', 'p', start)
+if r[6] then redis.call('HDEL', record, 'reply', 'request') end
 local seq = job.seq
-for _, event in ipairs(redis.call('LRANGE', held, 0, -1)) do
-  seq = seq + 1
-  -- A held event is: kind, payload. It goes out like a live one.
-  local kind, body = string.match(event, '^(%a+):(.*)$')
-  local p = ns(key) .. ns(token) .. ns(tostring(seq)) .. ns('') .. ns('')
-  if kind == 'notify' then p = p .. ns(body) end
-  redis.call('XADD', KEYS[6], '*', 'n', kind, 'p', p)
+for _, held_entry in ipairs(redis.call('LRANGE', held, 0, -1)) do
+  -- A held event goes out like a live one, numbered after the last sent.
+  local event = netstrings(held_entry)
+  if event and #event == 4 then
+    seq = seq + 1
+    local p = ns(key) .. ns(token) .. ns(tostring(seq)) .. ns(event[2]) .. ns(event[3])
+    if event[1] == 'notify' then p = p .. ns(event[4]) end
+    redis.call('XADD', KEYS[6], '*', 'n', event[1], 'p', p)
+  end
 end
 redis.call('DEL', held)
 redis.call('HSET', jobs, key, ownership('running', worker, token, seq))

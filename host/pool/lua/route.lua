@@ -24,7 +24,7 @@ if job.state == 'failed' then
 end
 if job.state == 'moving' then
   -- Leaving its worker: held, in order, for after its next start.
-  redis.call('RPUSH', held, kind .. ':' .. ARGV[6])
+  redis.call('RPUSH', held, held_event(kind, '', '', ARGV[6]))
   return {'held'}
 end
 if job.state == 'queued' then
@@ -34,7 +34,7 @@ if job.state == 'queued' then
     redis.call('SREM', KEYS[5], key)
     return {'stopped'}
   end
-  redis.call('RPUSH', held, kind .. ':' .. ARGV[6])
+  redis.call('RPUSH', held, held_event(kind, '', '', ARGV[6]))
   return {'held'}
 end
 if job.worker ~= ARGV[3] then return {'owner', job.worker} end

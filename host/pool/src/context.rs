@@ -67,6 +67,13 @@ impl JobContext {
         &self.worker
     }
 
+    /// Whether the job's code may run now: false once the worker's lease
+    /// may have ended (the job may already run elsewhere). Check it before
+    /// running anything of the job's outside a handler call (a timer).
+    pub fn is_live(&self) -> bool {
+        self.core.lease.valid()
+    }
+
     /// Stores the job's state; the next start of the job receives it.
     ///
     /// # Errors

@@ -28,6 +28,27 @@ pub enum Error {
     /// The node is closed.
     #[error("the node is closed")]
     Closed,
+    /// The pool is shutting down: no node may join it until it is gone.
+    #[error("pool {0:?} is shutting down; join it again once its shutdown is complete")]
+    ShuttingDown(String),
+    /// Redis no longer holds the pool's epoch: it lost the pool's data
+    /// (restarted empty, flushed, or evicted keys).
+    #[error("Redis lost the data of pool {pool:?} (its epoch is now {epoch:?})")]
+    EpochChanged {
+        /// The pool.
+        pool: String,
+        /// The epoch Redis holds now (empty: none).
+        epoch: String,
+    },
+    /// Redis may evict keys under memory pressure, which would lose jobs.
+    #[error(
+        "Redis has maxmemory-policy {policy:?}, which lets it evict keys and so lose jobs; \
+         set it to \"noeviction\" (redis-cli CONFIG SET maxmemory-policy noeviction, and in redis.conf)"
+    )]
+    EvictingRedis {
+        /// The policy Redis has.
+        policy: String,
+    },
     /// A replicated map failed.
     #[error(transparent)]
     Map(#[from] pulse_rmap::Error),

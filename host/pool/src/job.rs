@@ -53,6 +53,15 @@ pub trait JobHandler: Send + Sync + 'static {
         payload: Vec<u8>,
         seq: u64,
     ) -> impl Future<Output = Result<(), HandlerError>> + Send;
+
+    /// Drops job `key` without running any of its code (no `stop`, no
+    /// timer): the worker lost its lease, and the job may already run on
+    /// another worker. The default does nothing, for handlers that keep no
+    /// per-job resources.
+    fn abandon(&self, key: &str) -> impl Future<Output = ()> + Send {
+        let _ = key;
+        std::future::ready(())
+    }
 }
 
 /// What the pool knows of a job.

@@ -19,6 +19,15 @@ pub(crate) struct PoolKeys {
     pub(crate) events: String,
     /// The identity of the handler that serves the pool.
     pub(crate) handler: String,
+    /// Worker leases: worker -> deadline, ms of Redis time.
+    pub(crate) leases: String,
+    /// The pool epoch: random, set once; another value (or none) means
+    /// Redis lost the pool's data.
+    pub(crate) epoch: String,
+    /// Present while the pool shuts down.
+    pub(crate) shutdown: String,
+    /// What every key of the pool starts with.
+    pub(crate) prefix: String,
 }
 
 /// Name of the slot table map (slot index -> worker id).
@@ -37,6 +46,10 @@ impl PoolKeys {
             queued: key("queued"),
             events: pulse_streams::stream_key(pool, "events"),
             handler: key("handler"),
+            leases: key("leases"),
+            epoch: key("epoch"),
+            shutdown: key("shutdown"),
+            prefix: key(""),
         }
     }
 
@@ -65,6 +78,12 @@ impl PoolKeys {
         pulse_streams::stream_key(&self.pool, &Self::inbox_name(worker))
     }
 
+    /// What the key of every inbox starts with: the inbox of worker `w`
+    /// is this and `w` (scripts that find workers build it).
+    pub(crate) fn inbox_prefix(&self) -> String {
+        self.inbox("")
+    }
+
     /// The name of a node's reply stream.
     pub(crate) fn replies_name(node: &str) -> String {
         format!("replies.{node}")
@@ -83,4 +102,18 @@ pub(crate) fn validate_pool(name: &str) -> Result<(), Error> {
         return Err(Error::InvalidPool(name.to_owned()));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scripts_can_build_a_workers_keys_from_the_prefixes() {
+        let keys = PoolKeys::new("p");
+        assert_eq!(keys.inbox("w7"), format!("{}w7", keys.inbox_prefix()));
+        assert_eq!(keys.worker_jobs("w7"), format!("{}worker:w7:jobs", keys.prefix));
+        assert_eq!(keys.record("k"), format!("{}job:k", keys.prefix));
+        assert_eq!(keys.held("k"), format!("{}held:k", keys.prefix));
+    }
 }

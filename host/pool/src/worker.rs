@@ -5,12 +5,22 @@
 //! (key, token, seq): a start delivered twice under the same token, or an
 //! event whose sequence number was already seen, is not handed to the
 //! handler again.
+//!
+//! Each processed entry is trimmed from the inbox in the same round trip as
+//! its answers, so what an inbox holds is exactly what its worker has not
+//! processed: eviction moves that tail to the jobs' next worker.
+//!
+//! Before every handler call the worker checks its node's lease (see
+//! `node::lease`). Once the lease may have ended it calls nothing more: it
+//! drops its jobs without calling them, waits until its node renews again,
+//! evicts itself (its jobs and unprocessed entries go back to the pool) and
+//! joins again with an empty inbox.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
 use pulse_streams::{ReaderEvent, ReaderOptions, ReaderSubscription, Start, Stream, StreamOptions};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -22,8 +32,6 @@ use crate::node::Core;
 use crate::scripts;
 use crate::wire::{self, InboxEvent, Kind};
 
-/// Inbox entries processed between two trims of the inbox.
-const TRIM_EVERY: u64 = 256;
 /// Replies kept in a node's reply stream (approximately): answers older than
 /// that have no waiter any more.
 const REPLIES_KEPT: usize = 10_000;
@@ -31,53 +39,102 @@ const REPLIES_KEPT: usize = 10_000;
 /// The node's handle on a worker's task.
 #[derive(Debug)]
 pub(crate) struct WorkerHandle {
-    leave: mpsc::UnboundedSender<oneshot::Sender<()>>,
+    control: mpsc::UnboundedSender<Control>,
     task: tokio::task::JoinHandle<()>,
+}
+
+/// What the node asks of a worker's task.
+#[derive(Debug)]
+enum Control {
+    /// Hand every job back to the pool, then end.
+    Leave(oneshot::Sender<()>),
+    /// Stop every job for good (the pool shuts down), then end.
+    ShutDown(oneshot::Sender<()>),
 }
 
 impl WorkerHandle {
     /// Hands every job back to the pool and ends the worker.
     pub(crate) async fn leave(self) {
-        let (done, left) = oneshot::channel();
-        if self.leave.send(done).is_ok() {
-            let _ = left.await;
+        self.ask(Control::Leave).await;
+    }
+
+    /// Stops every job (their handlers' `stop`) and ends the worker.
+    pub(crate) async fn shut_down(self) {
+        self.ask(Control::ShutDown).await;
+    }
+
+    async fn ask(self, control: impl FnOnce(oneshot::Sender<()>) -> Control) {
+        let (done, finished) = oneshot::channel();
+        if self.control.send(control(done)).is_ok() {
+            let _ = finished.await;
         }
         let _ = self.task.await;
     }
 }
 
+/// Why a worker stopped serving its inbox.
+enum Exit {
+    Control(Control),
+    /// Its lease may have ended, or it was evicted.
+    Lost,
+    /// Its inbox reader ended.
+    Closed,
+}
+
 /// Starts worker `id` reading its inbox.
-pub(crate) async fn spawn<H: JobHandler>(core: Arc<Core>, id: String, handler: H) -> Result<WorkerHandle> {
-    let stream = Stream::open(
-        &core.client,
-        &PoolKeys::inbox_name(&id),
-        StreamOptions::default().hash_tag(&core.keys.pool),
-    )
-    .await?;
-    let reader = stream.reader(ReaderOptions::default().start(Start::Oldest).queue(65_536)).await?;
-    let inbox = reader.subscribe();
+pub(crate) async fn spawn<H: JobHandler>(
+    core: Arc<Core>,
+    id: String,
+    join: u64,
+    handler: H,
+) -> Result<WorkerHandle> {
+    let (reader, inbox) = open_inbox(&core, &id).await?;
     // One subscription for the worker's life: every change of the slot
     // table makes it check where its jobs belong.
     let slot_changes = core.slots.subscribe();
-    let (leave_tx, leave_rx) = mpsc::unbounded_channel();
+    let (control_tx, control_rx) = mpsc::unbounded_channel();
     let (ended_tx, ended_rx) = mpsc::unbounded_channel();
     let span = tracing::info_span!("pool.worker", worker = %id);
+    let evicted = core.lease.add_member(&id);
     let worker = Worker {
         inbox_key: core.keys.inbox(&id),
         core,
         id,
+        join,
+        evicted,
+        lost: false,
+        outbox: Vec::new(),
         handler,
         running: HashMap::new(),
         retrying: HashMap::new(),
         retry_at: BTreeMap::new(),
         ended_tx,
         last_id: "0-0".to_owned(),
-        processed: 0,
         misplaced_start: false,
     };
     // Owned by the handle: awaited by `leave`, and it ends with its inbox.
-    let task = tokio::spawn(worker.run(reader, inbox, slot_changes, leave_rx, ended_rx).instrument(span));
-    Ok(WorkerHandle { leave: leave_tx, task })
+    let task = tokio::spawn(worker.run(reader, inbox, slot_changes, control_rx, ended_rx).instrument(span));
+    Ok(WorkerHandle { control: control_tx, task })
+}
+
+/// Opens worker `id`'s inbox, read from its oldest entry.
+async fn open_inbox(core: &Core, id: &str) -> Result<(pulse_streams::Reader, ReaderSubscription)> {
+    let stream = Stream::open(
+        &core.client,
+        &PoolKeys::inbox_name(id),
+        StreamOptions::default().hash_tag(&core.keys.pool),
+    )
+    .await?;
+    let reader = stream.reader(ReaderOptions::default().start(Start::Oldest).queue(65_536)).await?;
+    let inbox = reader.subscribe();
+    Ok((reader, inbox))
+}
+
+/// An answer waiting to be sent with the next flush.
+struct Outgoing {
+    stream: String,
+    outcome: String,
+    payload: Vec<u8>,
 }
 
 /// A job this worker runs.
@@ -97,6 +154,15 @@ struct Retrying {
 struct Worker<H> {
     core: Arc<Core>,
     id: String,
+    /// Its join number (in its workers entry).
+    join: u64,
+    /// Told when a renewal found the worker evicted.
+    evicted: Arc<Notify>,
+    /// A handler call was due while the lease may have ended: nothing more
+    /// is called until the worker has joined again.
+    lost: bool,
+    /// Answers to send with the trim of the entry being processed.
+    outbox: Vec<Outgoing>,
     inbox_key: String,
     handler: H,
     running: HashMap<String, Running>,
@@ -105,7 +171,6 @@ struct Worker<H> {
     ended_tx: mpsc::UnboundedSender<Ended>,
     /// The id of the last inbox entry processed.
     last_id: String,
-    processed: u64,
     /// A job started here whose key no longer routes here (it was sent with
     /// an older slot table): hand it on after this event.
     misplaced_start: bool,
@@ -114,50 +179,222 @@ struct Worker<H> {
 impl<H: JobHandler> Worker<H> {
     async fn run(
         mut self,
-        reader: pulse_streams::Reader,
+        mut reader: pulse_streams::Reader,
         mut inbox: ReaderSubscription,
         mut slot_changes: pulse_rmap::Subscription,
-        mut leave: mpsc::UnboundedReceiver<oneshot::Sender<()>>,
+        mut control: mpsc::UnboundedReceiver<Control>,
         mut ended: mpsc::UnboundedReceiver<Ended>,
     ) {
         loop {
+            match self.serve(&mut inbox, &mut slot_changes, &mut control, &mut ended).await {
+                Exit::Control(request) => {
+                    self.on_control(request, &mut inbox, &mut ended).await;
+                    reader.close().await;
+                    break;
+                }
+                Exit::Closed => break,
+                Exit::Lost => {
+                    reader.close().await;
+                    self.drop_jobs().await;
+                    match self.rejoin(&mut control).await {
+                        Some((new_reader, new_inbox)) => (reader, inbox) = (new_reader, new_inbox),
+                        None => break,
+                    }
+                }
+            }
+        }
+        self.core.lease.remove_member(&self.id);
+    }
+
+    /// Serves the inbox until the node asks something, the lease is lost
+    /// or the inbox ends.
+    async fn serve(
+        &mut self,
+        inbox: &mut ReaderSubscription,
+        slot_changes: &mut pulse_rmap::Subscription,
+        control: &mut mpsc::UnboundedReceiver<Control>,
+        ended: &mut mpsc::UnboundedReceiver<Ended>,
+    ) -> Exit {
+        loop {
             let next_retry = self.retry_at.keys().next().map(|(at, _)| *at);
+            let has_jobs = !self.running.is_empty() || !self.retrying.is_empty();
+            let evicted = self.evicted.clone();
             tokio::select! {
                 biased;
                 Some(end) = ended.recv() => self.on_ended(end),
-                Some(done) = leave.recv() => {
-                    let all: Vec<String> = self.running.keys().cloned().collect();
-                    self.hand_back(all, &mut inbox, &mut ended).await;
-                    for (key, retrying) in std::mem::take(&mut self.retrying) {
-                        self.requeue(&key, &retrying.event.token).await;
+                Some(request) = control.recv() => return Exit::Control(request),
+                () = evicted.notified() => return Exit::Lost,
+                () = tokio::time::sleep_until(self.core.lease.fence_at()), if has_jobs => {
+                    if !self.core.lease.valid() {
+                        return Exit::Lost;
                     }
-                    reader.close().await;
-                    self.delete_inbox().await;
-                    let _ = done.send(());
-                    return;
                 }
-                () = sleep_until(next_retry) => self.retry_due().await,
-                Some(_) = slot_changes.recv() => self.rebalance(&mut inbox, &mut ended).await,
+                () = sleep_until(next_retry) => {
+                    self.retry_due().await;
+                    self.flush(None).await;
+                }
+                Some(_) = slot_changes.recv() => self.rebalance(inbox, ended).await,
                 event = inbox.recv() => match event {
                     Some(ReaderEvent::Event(event)) => {
                         self.on_entry(event).await;
-                        if self.misplaced_start {
+                        if self.misplaced_start && !self.lost {
                             self.misplaced_start = false;
-                            self.rebalance(&mut inbox, &mut ended).await;
+                            self.rebalance(inbox, ended).await;
                         }
                     }
                     Some(ReaderEvent::Lagged { resume_after }) => {
                         // 65,536 unread entries: the handler is far behind.
                         tracing::error!(resume_after, "inbox reader lagged; entries after this id were skipped");
                     }
-                    None => return,
+                    None => return Exit::Closed,
                 },
+            }
+            if self.lost {
+                return Exit::Lost;
+            }
+        }
+    }
+
+    async fn on_control(
+        &mut self,
+        request: Control,
+        inbox: &mut ReaderSubscription,
+        ended: &mut mpsc::UnboundedReceiver<Ended>,
+    ) {
+        let done = match request {
+            Control::Leave(done) => {
+                let all: Vec<String> = self.running.keys().cloned().collect();
+                self.hand_back(all, inbox, ended).await;
+                for (key, retrying) in std::mem::take(&mut self.retrying) {
+                    self.requeue(&key, &retrying.event.token).await;
+                }
+                done
+            }
+            Control::ShutDown(done) => {
+                for (key, running) in std::mem::take(&mut self.running) {
+                    if self.may_call() {
+                        if let Err(error) = self.handler.stop(&key).await {
+                            tracing::warn!(job.key = %key, error = %error, "handler failed to stop a job at shutdown");
+                        }
+                    } else {
+                        self.handler.abandon(&key).await;
+                    }
+                    self.finish(&key, &running.token).await;
+                }
+                for (key, retrying) in std::mem::take(&mut self.retrying) {
+                    self.finish(&key, &retrying.event.token).await;
+                }
+                done
+            }
+        };
+        self.flush(None).await;
+        let _ = done.send(());
+    }
+
+    /// Whether the lease allows a handler call now; if not, the worker is
+    /// lost and calls nothing more.
+    fn may_call(&mut self) -> bool {
+        if !self.lost && !self.core.lease.valid() {
+            tracing::warn!("the lease may have ended: this worker calls no handler until it joins again");
+            self.lost = true;
+        }
+        !self.lost
+    }
+
+    /// Drops every job without calling its handler: they may already run
+    /// elsewhere.
+    async fn drop_jobs(&mut self) {
+        let keys: Vec<String> = self
+            .running
+            .drain()
+            .map(|(key, _)| key)
+            .chain(self.retrying.drain().map(|(key, _)| key))
+            .collect();
+        self.retry_at.clear();
+        self.outbox.clear();
+        if !keys.is_empty() {
+            tracing::warn!(jobs = keys.len(), "dropped its jobs without calling them: the lease was lost");
+        }
+        for key in keys {
+            self.handler.abandon(&key).await;
+        }
+    }
+
+    /// After the lease was lost: waits until the node renews again, evicts
+    /// this worker (its jobs and its unprocessed entries go back to the
+    /// pool), and joins again under the same id with an empty inbox. `None`
+    /// when the node asks the worker to end meanwhile, or the pool shuts
+    /// down.
+    async fn rejoin(
+        &mut self,
+        control: &mut mpsc::UnboundedReceiver<Control>,
+    ) -> Option<(pulse_streams::Reader, ReaderSubscription)> {
+        let mut renewals = self.core.lease.renewals();
+        loop {
+            if self.core.lease.valid() {
+                match self.core.evict(Some(&self.id)).await {
+                    Ok(evicted) => {
+                        let jobs: u64 = evicted.iter().map(|(_, jobs)| jobs).sum();
+                        tracing::info!(jobs, "evicted itself: its jobs went back to the pool");
+                        break;
+                    }
+                    Err(error) => tracing::warn!(error = %error, "failed to evict itself; trying again"),
+                }
+            }
+            tokio::select! {
+                Some(request) = control.recv() => {
+                    let (Control::Leave(done) | Control::ShutDown(done)) = request;
+                    let _ = done.send(());
+                    return None;
+                }
+                changed = renewals.changed() => if changed.is_err() { return None },
+                () = pause() => {}
+            }
+        }
+        loop {
+            // A fresh signal: a renewal that raced with the eviction may
+            // have told the old one.
+            self.core.lease.remove_member(&self.id);
+            self.evicted = self.core.lease.add_member(&self.id);
+            self.lost = false;
+            self.last_id = "0-0".to_owned();
+            let joined = match open_inbox(&self.core, &self.id).await {
+                Ok((reader, inbox)) => match self.core.join_worker(&self.id, self.join).await {
+                    Ok(()) => Ok((reader, inbox)),
+                    Err(error) => {
+                        reader.close().await;
+                        Err(error)
+                    }
+                },
+                Err(error) => Err(error),
+            };
+            match joined {
+                Ok(inbox) => {
+                    tracing::info!("joined again");
+                    if let Err(error) = self.core.assign_queued().await {
+                        tracing::warn!(error = %error, "failed to assign queued jobs");
+                    }
+                    return Some(inbox);
+                }
+                Err(crate::Error::ShuttingDown(_)) => return None,
+                Err(error) => tracing::warn!(error = %error, "failed to join again; trying again"),
+            }
+            tokio::select! {
+                Some(request) = control.recv() => {
+                    let (Control::Leave(done) | Control::ShutDown(done)) = request;
+                    let _ = done.send(());
+                    return None;
+                }
+                () = pause() => {}
             }
         }
     }
 
     async fn on_entry(&mut self, entry: pulse_streams::Event) {
-        self.last_id.clone_from(&entry.id);
+        if !self.may_call() {
+            // Left in the inbox: whoever runs its job next receives it.
+            return;
+        }
         match InboxEvent::decode(&entry.name, &entry.payload) {
             Some(event) => {
                 let created = entry.created_at_ms();
@@ -165,10 +402,13 @@ impl<H: JobHandler> Worker<H> {
             }
             None => tracing::warn!(id = %entry.id, "skipped a malformed inbox entry"),
         }
-        self.processed += 1;
-        if self.processed.is_multiple_of(TRIM_EVERY) {
-            self.trim().await;
+        if self.lost {
+            // A call was not made: the entry stays for the job's next worker.
+            self.flush(None).await;
+            return;
         }
+        self.last_id.clone_from(&entry.id);
+        self.flush(Some(&entry.id)).await;
     }
 
     async fn on_event(&mut self, event: InboxEvent, entry_ms: u64) {
@@ -195,6 +435,9 @@ impl<H: JobHandler> Worker<H> {
             Some(_) => {
                 // An older ownership of the same job: it was taken away and
                 // given back without a stop here. Stop the old run first.
+                if !self.may_call() {
+                    return;
+                }
                 self.running.remove(&event.key);
                 if let Err(error) = self.handler.stop(&event.key).await {
                     tracing::warn!(job.key = %event.key, error = %error, "handler failed to stop a superseded run");
@@ -223,6 +466,9 @@ impl<H: JobHandler> Worker<H> {
             token: event.token.clone(),
             ended: self.ended_tx.clone(),
         };
+        if !self.may_call() {
+            return;
+        }
         match self.handler.start(job.clone(), ctx).await {
             Ok(()) => {
                 self.running
@@ -284,6 +530,9 @@ impl<H: JobHandler> Worker<H> {
             return;
         };
         let token = running.token.clone();
+        if !self.may_call() {
+            return;
+        }
         let result = self.handler.stop(&event.key).await;
         self.running.remove(&event.key);
         self.finish(&event.key, &token).await;
@@ -297,6 +546,9 @@ impl<H: JobHandler> Worker<H> {
         let Kind::Notify { payload } = &event.kind else { return };
         if self.fresh(&event).is_none() {
             self.reply(&event, "missing", "").await;
+            return;
+        }
+        if !self.may_call() {
             return;
         }
         match self.handler.notify(&event.key, payload.clone(), event.seq).await {
@@ -329,7 +581,7 @@ impl<H: JobHandler> Worker<H> {
         }
     }
 
-    async fn answer_waiting(&self, waiting: VecDeque<InboxEvent>, outcome: &str) {
+    async fn answer_waiting(&mut self, waiting: VecDeque<InboxEvent>, outcome: &str) {
         for event in waiting {
             self.reply(&event, outcome, "").await;
         }
@@ -414,6 +666,11 @@ impl<H: JobHandler> Worker<H> {
             if self.running.get(&key).is_none_or(|r| r.token != token) {
                 continue;
             }
+            if !self.may_call() {
+                // Lost meanwhile: the job stays the worker's in Redis, and
+                // goes back to the pool when the worker evicts itself.
+                break;
+            }
             self.running.remove(&key);
             if let Err(error) = self.handler.stop(&key).await {
                 tracing::warn!(job.key = %key, error = %error, "handler failed to stop a job it hands back");
@@ -464,56 +721,55 @@ impl<H: JobHandler> Worker<H> {
         }
     }
 
-    /// Answers the caller waiting for `event`, if any.
-    async fn reply(&self, event: &InboxEvent, outcome: &str, message: &str) {
+    /// Answers the caller waiting for `event`, if any, with the next flush.
+    async fn reply(&mut self, event: &InboxEvent, outcome: &str, message: &str) {
         if event.reply.is_empty() {
             return;
         }
+        self.outbox.push(Outgoing {
+            stream: event.reply.clone(),
+            outcome: outcome.to_owned(),
+            payload: wire::encode_reply(&event.request, message),
+        });
+    }
+
+    /// Sends the answers waiting in the outbox and, with `processed`, trims
+    /// that entry (and any before it) from the inbox: one round trip.
+    async fn flush(&mut self, processed: Option<&str>) {
+        if self.outbox.is_empty() && processed.is_none() {
+            return;
+        }
+        let mut pipe = redis::pipe();
+        for out in self.outbox.drain(..) {
+            // NOMKSTREAM: the answer to a node that is gone creates nothing.
+            pipe.cmd("XADD")
+                .arg(&out.stream)
+                .arg("NOMKSTREAM")
+                .arg("MAXLEN")
+                .arg("~")
+                .arg(REPLIES_KEPT)
+                .arg("*")
+                .arg("n")
+                .arg(&out.outcome)
+                .arg("p")
+                .arg(out.payload)
+                .ignore();
+        }
+        if let Some(id) = processed {
+            pipe.cmd("XTRIM").arg(&self.inbox_key).arg("MINID").arg(next_id(id)).ignore();
+        }
         let mut conn = self.core.conn.clone();
-        // NOMKSTREAM: the answer to a node that is gone creates nothing.
-        let sent: redis::RedisResult<Option<String>> = redis::cmd("XADD")
-            .arg(&event.reply)
-            .arg("NOMKSTREAM")
-            .arg("MAXLEN")
-            .arg("~")
-            .arg(REPLIES_KEPT)
-            .arg("*")
-            .arg("n")
-            .arg(outcome)
-            .arg("p")
-            .arg(wire::encode_reply(&event.request, message))
-            .query_async(&mut conn)
-            .await;
+        let sent: redis::RedisResult<()> = pipe.query_async(&mut conn).await;
         if let Err(error) = sent {
-            tracing::warn!(job.key = %event.key, error = %error, "failed to answer");
+            tracing::warn!(error = %error, "failed to answer or trim the inbox");
         }
     }
+}
 
-    /// Drops the processed part of the inbox.
-    async fn trim(&self) {
-        let mut conn = self.core.conn.clone();
-        let trimmed: redis::RedisResult<i64> = redis::cmd("XTRIM")
-            .arg(&self.inbox_key)
-            .arg("MINID")
-            .arg(&self.last_id)
-            .query_async(&mut conn)
-            .await;
-        if let Err(error) = trimmed {
-            tracing::debug!(error = %error, "failed to trim the inbox");
-        }
-    }
-
-    async fn delete_inbox(&self) {
-        let mut conn = self.core.conn.clone();
-        let deleted: redis::RedisResult<()> = redis::cmd("DEL")
-            .arg(&self.inbox_key)
-            .arg(self.core.keys.worker_jobs(&self.id))
-            .exec_async(&mut conn)
-            .await;
-        if let Err(error) = deleted {
-            tracing::warn!(error = %error, "failed to delete the inbox");
-        }
-    }
+/// The smallest stream id after `id`: trimming to it removes `id`.
+fn next_id(id: &str) -> String {
+    let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
+    format!("{ms}-{}", seq.parse::<u64>().unwrap_or(0).saturating_add(1))
 }
 
 /// Whether stream id `a` comes after `b`.
@@ -530,4 +786,9 @@ async fn sleep_until(at: Option<Instant>) {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
     }
+}
+
+/// A short, jittered pause between attempts to evict itself or join again.
+async fn pause() {
+    tokio::time::sleep(std::time::Duration::from_millis(200 + fastrand::u64(..300))).await;
 }

@@ -19,8 +19,9 @@ pub const SCRIPT_LIBRARY: &str = include_str!("../lua/library.lua");
 
 macro_rules! script {
     ($name:ident, $file:literal) => {
-        pub(crate) static $name: LazyLock<Script> =
-            LazyLock::new(|| Script::new(&format!("{SCRIPT_LIBRARY}\n{PRELUDE}\n{}", include_str!(concat!("../lua/", $file)))));
+        pub(crate) static $name: LazyLock<Script> = LazyLock::new(|| {
+            Script::new(&format!("{SCRIPT_LIBRARY}\n{PRELUDE}\n{}", include_str!(concat!("../lua/", $file))))
+        });
     };
 }
 

@@ -5,12 +5,15 @@
 //! worker (swap-remove), so with Jump Consistent Hash a join moves about
 //! 1/(n+1) of the keys and a leave about 2/n.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use super::Node;
+use tokio::sync::watch;
+
+use super::{Core, LocalWorkers, Node};
 use crate::error::{Error, Result};
 use crate::job::JobHandler;
-use crate::worker;
+use crate::worker::{self, WorkerHandle};
 
 /// How long to wait for the local slot table to show a change this node
 /// made, before going on regardless.
@@ -34,21 +37,16 @@ impl Node {
             .await
             .map_err(core.redis_error("join"))?;
         let id = format!("w{join}");
-        core.workers.set(&id, &format!("{}|{join}", core.id)).await?;
         // Reading before taking a slot: starts routed to it are not missed.
-        let handle = worker::spawn(self.core.clone(), id.clone(), handler).await?;
-        self.lock_workers().insert(id.clone(), handle);
-        loop {
-            let next = core.slots.len();
-            if core.slots.set_if_not_exists(&next.to_string(), &id).await? {
-                break;
-            }
-            // Another worker took that slot: wait until the replica shows it.
-            core.slots.wait_until(SETTLE, |slots| slots.len() > next).await;
+        let handle = worker::spawn(self.core.clone(), id.clone(), join, handler).await?;
+        if let Err(error) = core.join_worker(&id, join).await {
+            handle.leave().await;
+            return Err(error);
         }
+        self.lock_workers().insert(id.clone(), handle);
         core.slots.wait_until(SETTLE, |slots| slots.snapshot().values().any(|w| *w == id)).await;
         tracing::info!(worker = %id, slots = core.slots.len(), "worker joined");
-        self.assign_queued().await?;
+        core.assign_queued().await?;
         Ok(id)
     }
 
@@ -80,58 +78,111 @@ impl Node {
     /// # Errors
     /// Redis failures.
     pub async fn remove_worker(&self, id: &str) -> Result<()> {
-        let Some(handle) = self.lock_workers().remove(id) else { return Ok(()) };
-        self.release_slot(id).await?;
-        handle.leave().await;
-        self.core.workers.delete(id).await?;
-        tracing::info!(worker = %id, slots = self.core.slots.len(), "worker left");
-        self.assign_queued().await
+        self.remove_workers(&[id.to_owned()]).await
     }
 
-    /// Swap-removes the slot of `worker`.
-    async fn release_slot(&self, worker: &str) -> Result<()> {
-        let slots = &self.core.slots;
-        let Some(index) = slots.snapshot().into_iter().find(|(_, w)| w == worker).map(|(slot, _)| slot)
-        else {
-            return Ok(());
+    /// Removes workers `ids` of this node together: all leave the slot
+    /// table first, so their jobs move once, to the workers that stay (or
+    /// wait queued), never from one leaving worker to another.
+    pub(crate) async fn remove_workers(&self, ids: &[String]) -> Result<()> {
+        let handles: Vec<(String, WorkerHandle)> = {
+            let mut workers = self.lock_workers();
+            ids.iter().filter_map(|id| workers.remove(id).map(|handle| (id.clone(), handle))).collect()
         };
-        let before = slots.len();
-        let last = (before - 1).to_string();
-        if index == last {
-            slots.test_and_delete(&last, worker).await?;
-        } else if let Some(last_worker) = slots.get(&last) {
-            // Between the two writes both slots name `last_worker`: routing
-            // stays valid, it only sends that worker one more slot's keys.
-            slots.test_and_set(&index, worker, &last_worker).await?;
-            slots.test_and_delete(&last, &last_worker).await?;
-        }
-        slots.wait_until(SETTLE, |s| s.len() < before && !s.snapshot().values().any(|w| w == worker)).await;
-        Ok(())
-    }
-
-    /// Assigns every queued job to the worker its key routes to.
-    pub(crate) async fn assign_queued(&self) -> Result<()> {
-        if self.core.slots.is_empty() {
+        if handles.is_empty() {
             return Ok(());
         }
-        let mut conn = self.core.conn.clone();
+        let core = &self.core;
+        for (id, _) in &handles {
+            core.leave(id, "slot").await?;
+        }
+        core.slots
+            .wait_until(SETTLE, |slots| {
+                !slots.snapshot().values().any(|w| handles.iter().any(|(id, _)| id == w))
+            })
+            .await;
+        futures_util::future::join_all(handles.into_iter().map(|(id, handle)| async move {
+            handle.leave().await;
+            if let Err(error) = core.leave(&id, "all").await {
+                tracing::warn!(worker = %id, error = %error, "failed to leave the pool");
+            }
+            tracing::info!(worker = %id, "worker left");
+        }))
+        .await;
+        core.assign_queued().await
+    }
+
+    /// Shuts the pool down: every node stops every job (their handlers'
+    /// `stop`) and its workers leave; then the pool's Redis state is
+    /// removed. Nodes that do not answer within `timeout` (dead ones) are
+    /// not waited for longer. While it runs, no node may join the pool.
+    /// Returns the number of jobs the pool held.
+    ///
+    /// # Errors
+    /// Redis failures.
+    pub async fn shutdown(&self, timeout: Duration) -> Result<u64> {
+        let core = &self.core;
+        let mut conn = core.conn.clone();
+        let (_, jobs): ((), u64) = redis::pipe()
+            .set(&core.keys.shutdown, &core.id)
+            .hlen(&core.keys.jobs)
+            .query_async(&mut conn)
+            .await
+            .map_err(core.redis_error("shut the pool down"))?;
+        tracing::info!(pool = %core.keys.pool, jobs, "shutting the pool down");
+        // Every full node sees the flag at its next renewal, stops its jobs
+        // and its workers leave; dead nodes' workers never will.
+        if !core.workers.wait_until(timeout, |workers| workers.is_empty()).await {
+            tracing::warn!(workers = ?core.workers.keys(), "workers still listed after the shutdown timeout; removing the pool anyway");
+        }
         let mut cursor: u64 = 0;
+        let pattern = format!("{}*", core.keys.prefix);
         loop {
-            let (next, batch): (u64, Vec<String>) = redis::cmd("SSCAN")
-                .arg(&self.core.keys.queued)
+            let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
                 .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
                 .arg("COUNT")
-                .arg(500)
+                .arg(1000)
                 .query_async(&mut conn)
                 .await
-                .map_err(self.core.redis_error("list queued jobs"))?;
-            for key in batch {
-                self.core.assign(&key).await?;
+                .map_err(core.redis_error("remove the pool's keys"))?;
+            let batch: Vec<String> = batch.into_iter().filter(|key| *key != core.keys.shutdown).collect();
+            if !batch.is_empty() {
+                let _: () = redis::cmd("UNLINK")
+                    .arg(&batch)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(core.redis_error("remove the pool's keys"))?;
             }
             if next == 0 {
-                return Ok(());
+                break;
             }
             cursor = next;
         }
+        // Last: from now on the pool may be created anew.
+        let _: () = redis::cmd("DEL")
+            .arg(&core.keys.shutdown)
+            .query_async(&mut conn)
+            .await
+            .map_err(core.redis_error("remove the pool's keys"))?;
+        tracing::info!(pool = %core.keys.pool, "pool shut down");
+        Ok(jobs)
     }
+}
+
+/// Waits for the pool to shut down; then stops every job of this node's
+/// workers and makes them leave.
+pub(super) async fn on_shutdown(core: Arc<Core>, workers: LocalWorkers, mut shutdown: watch::Receiver<bool>) {
+    if shutdown.wait_for(|down| *down).await.is_err() {
+        return; // the node closed first
+    }
+    let handles: Vec<(String, WorkerHandle)> = super::lock_workers(&workers).drain().collect();
+    for (id, handle) in handles {
+        handle.shut_down().await;
+        if let Err(error) = core.leave(&id, "all").await {
+            tracing::warn!(worker = %id, error = %error, "failed to leave the pool while it shuts down");
+        }
+    }
+    tracing::info!(pool = %core.keys.pool, "the pool shuts down: this node's jobs are stopped");
 }

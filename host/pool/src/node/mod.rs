@@ -10,6 +10,7 @@
 //! - `listing`: jobs, workers, status.
 
 mod dispatch;
+mod lease;
 mod listing;
 mod membership;
 mod replies;
@@ -24,6 +25,7 @@ use pulse_rmap::{Map, MapOptions};
 use redis::aio::ConnectionManager;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tracing::Instrument;
 
 use crate::error::{Error, Result};
 use crate::keys::{PoolKeys, SLOTS_MAP, WORKERS_MAP, validate_pool};
@@ -42,7 +44,11 @@ pub use listing::{NodeInfo, WorkerInfo};
 /// - `reply_timeout`: 10 s to wait for a worker's confirmation;
 /// - `max_attempts`: 3 starts of a job whose handler answers `retryable`,
 ///   `retry_backoff` 100 ms before the second, doubled each time;
-/// - `events_retention`: the pool's events stream keeps about 10,000 entries.
+/// - `events_retention`: the pool's events stream keeps about 10,000 entries;
+/// - `lease_ttl`: 10 s. A worker of a node that cannot renew its lease
+///   stops running its jobs after `lease_ttl` minus a tenth; its jobs move
+///   to other workers `lease_ttl` plus a fifth after its last renewal, plus
+///   up to a quarter for the next janitor round.
 #[derive(Debug, Clone)]
 pub struct NodeOptions {
     /// Jobs the pool holds at most (0: no limit).
@@ -59,6 +65,9 @@ pub struct NodeOptions {
     pub retry_backoff: Duration,
     /// Entries the pool's events stream keeps.
     pub events_retention: usize,
+    /// How long a worker's lease lasts without renewal (renewed every
+    /// quarter of it).
+    pub lease_ttl: Duration,
 }
 
 impl Default for NodeOptions {
@@ -71,6 +80,7 @@ impl Default for NodeOptions {
             max_attempts: 3,
             retry_backoff: Duration::from_millis(100),
             events_retention: 10_000,
+            lease_ttl: Duration::from_secs(10),
         }
     }
 }
@@ -87,6 +97,7 @@ pub(crate) struct Core {
     pub(crate) slots: Map,
     pub(crate) workers: Map,
     pub(crate) waiters: replies::Waiters,
+    pub(crate) lease: lease::Lease,
     next_request: AtomicU64,
     /// Scripts refused for a stale slot table or a moved owner, retried.
     pub(crate) routing_retries: AtomicU64,
@@ -128,12 +139,34 @@ impl Core {
     }
 }
 
+/// The workers a node hosts, by id.
+pub(crate) type LocalWorkers = Arc<Mutex<HashMap<String, WorkerHandle>>>;
+
+/// Refuses a Redis that may evict keys under memory pressure: it would
+/// drop jobs silently. A Redis that does not let us read its configuration
+/// (some managed services) is accepted with a warning.
+async fn refuse_evicting_redis(conn: &ConnectionManager) -> Result<()> {
+    let mut conn = conn.clone();
+    let answer: redis::RedisResult<Vec<String>> =
+        redis::cmd("CONFIG").arg("GET").arg("maxmemory-policy").query_async(&mut conn).await;
+    match answer {
+        Ok(pair) => match pair.get(1).map(String::as_str) {
+            Some("noeviction") | None => Ok(()),
+            Some(policy) => Err(Error::EvictingRedis { policy: policy.to_owned() }),
+        },
+        Err(error) => {
+            tracing::warn!(error = %error, "cannot read Redis's maxmemory-policy; make sure it is noeviction");
+            Ok(())
+        }
+    }
+}
+
 /// A process's membership in a pool: dispatches, stops and notifies jobs,
 /// and (unless client-only) hosts workers.
 pub struct Node {
     pub(crate) core: Arc<Core>,
     client_only: bool,
-    pub(crate) local_workers: Mutex<HashMap<String, WorkerHandle>>,
+    pub(crate) local_workers: LocalWorkers,
     token: CancellationToken,
     tasks: TaskTracker,
 }
@@ -170,6 +203,20 @@ impl Node {
             pool: pool.to_owned(),
             source,
         })?;
+        let redis_error = |op| move |source| Error::Redis { op, pool: pool.to_owned(), source };
+        if !client_only {
+            refuse_evicting_redis(&conn).await?;
+            let mut c = conn.clone();
+            let shutting_down: bool = redis::cmd("EXISTS")
+                .arg(&keys.shutdown)
+                .query_async(&mut c)
+                .await
+                .map_err(redis_error("join"))?;
+            if shutting_down {
+                return Err(Error::ShuttingDown(pool.to_owned()));
+            }
+        }
+        let epoch = lease::ensure_epoch(&conn, &keys.epoch).await.map_err(redis_error("read the epoch"))?;
         let slots = Map::join(client, SLOTS_MAP, MapOptions::default().hash_tag(pool)).await?;
         let workers = Map::join(client, WORKERS_MAP, MapOptions::default().hash_tag(pool)).await?;
         let id = format!("n{}-{:06x}", std::process::id(), fastrand::u32(..0xff_ffff));
@@ -183,14 +230,24 @@ impl Node {
             slots,
             workers,
             waiters: replies::Waiters::default(),
+            lease: lease::Lease::new(epoch),
             next_request: AtomicU64::new(0),
             routing_retries: AtomicU64::new(0),
         });
         let token = CancellationToken::new();
         let tasks = TaskTracker::new();
         replies::start(&core, &token, &tasks).await?;
+        let local_workers: LocalWorkers = Arc::default();
+        if !client_only {
+            let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
+            let span = tracing::info_span!("pool.lease", node = %core.id);
+            tasks.spawn(lease::run(core.clone(), token.clone(), shutdown_tx).instrument(span.clone()));
+            tasks.spawn(
+                membership::on_shutdown(core.clone(), local_workers.clone(), shutdown_rx).instrument(span),
+            );
+        }
         tracing::info!(pool, node = %core.id, client_only, "joined the pool");
-        Ok(Self { core, client_only, local_workers: Mutex::new(HashMap::new()), token, tasks })
+        Ok(Self { core, client_only, local_workers, token, tasks })
     }
 
     /// This node's id.
@@ -215,10 +272,8 @@ impl Node {
     /// tasks stop. Never panics; errors are logged.
     pub async fn close(&self) {
         let workers: Vec<String> = self.lock_workers().keys().cloned().collect();
-        for worker in workers {
-            if let Err(error) = self.remove_worker(&worker).await {
-                tracing::warn!(worker, error = %error, "failed to remove a worker while closing");
-            }
+        if let Err(error) = self.remove_workers(&workers).await {
+            tracing::warn!(error = %error, "failed to remove the workers while closing");
         }
         self.token.cancel();
         self.tasks.close();
@@ -231,9 +286,13 @@ impl Node {
     }
 
     fn lock_workers(&self) -> std::sync::MutexGuard<'_, HashMap<String, WorkerHandle>> {
-        // Held for map updates only, never across an await (a std mutex).
-        self.local_workers.lock().unwrap_or_else(|poison| poison.into_inner())
+        lock_workers(&self.local_workers)
     }
+}
+
+fn lock_workers(workers: &LocalWorkers) -> std::sync::MutexGuard<'_, HashMap<String, WorkerHandle>> {
+    // Held for map updates only, never across an await (a std mutex).
+    workers.lock().unwrap_or_else(|poison| poison.into_inner())
 }
 
 impl std::fmt::Debug for Node {

@@ -99,20 +99,22 @@ async fn a_start_delivered_twice_under_the_same_token_starts_the_job_once() {
     let node = node(&pool, 1, &calls).await;
     node.dispatch("d", b"payload").await.unwrap();
     let worker = node.workers().await.unwrap().remove(0).id;
-    // Deliver the very same start entry again.
+    // Deliver the same start again (the worker trimmed the first one from
+    // its inbox once processed): key, token, seq, reply, request, attempt,
+    // requeued, created, payload, has state, state.
     let mut conn = pulse_testkit::connect(pulse_testkit::shared_redis_url()).await;
     let inbox = format!("pulse:{{{pool}}}:stream:inbox.{worker}");
-    let entries: redis::streams::StreamRangeReply =
-        redis::cmd("XRANGE").arg(&inbox).arg("-").arg("+").query_async(&mut conn).await.unwrap();
-    let start = entries
-        .ids
-        .iter()
-        .find(|e| matches!(e.map.get("n"), Some(redis::Value::BulkString(n)) if n == b"start"))
+    let ownership: String = redis::cmd("HGET")
+        .arg(format!("pulse:{{{pool}}}:jobs"))
+        .arg("d")
+        .query_async(&mut conn)
+        .await
         .unwrap();
-    let p = match &start.map["p"] {
-        redis::Value::BulkString(bytes) => bytes.clone(),
-        other => panic!("{other:?}"),
-    };
+    let token = ownership.split('|').nth(2).unwrap().to_owned();
+    let p: String = ["d", token.as_str(), "0", "", "", "1", "0", "", "payload", "0", ""]
+        .iter()
+        .map(|field| format!("{}:{field},", field.len()))
+        .collect();
     redis::cmd("XADD")
         .arg(&inbox)
         .arg("*")

@@ -1,0 +1,363 @@
+//! Leases, fencing and eviction.
+//!
+//! Every worker holds a lease in Redis: a deadline on Redis time, renewed
+//! for all of a node's workers by one script every quarter of the lease's
+//! time to live. The renewal checks membership, so an evicted worker is
+//! never brought back by a late renewal.
+//!
+//! A node fences its own workers: they run no handler call once the send
+//! time of the last successful renewal plus the TTL minus a margin has
+//! passed on the node's monotonic clock. Their leases end in Redis no
+//! sooner than that (the renewal ran after it was sent), and eviction waits
+//! a grace longer still, so a worker has dropped its jobs before anyone may
+//! take them (ARCHITECTURE I1).
+//!
+//! Every full node runs the janitor on each tick: one script evicts the
+//! workers whose leases expired more than the grace ago and queues their
+//! jobs, then queued jobs are assigned. It costs one command per node and
+//! tick when nothing expired, so every node runs it: a killed node's jobs
+//! move as soon as any node's tick sees the lease expired.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use redis::Value;
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::Core;
+use crate::error::{Error, Result};
+use crate::scripts;
+
+/// A node's lease on its workers' membership, as its own clock sees it.
+#[derive(Debug)]
+pub(crate) struct Lease {
+    base: Instant,
+    /// Milliseconds after `base` until which this node's workers may call
+    /// their handlers.
+    until_ms: AtomicU64,
+    /// Bumped by every successful renewal: fenced workers wait for it.
+    renewed: watch::Sender<u64>,
+    /// This node's workers, each with the signal that it was evicted.
+    members: Mutex<HashMap<String, Arc<Notify>>>,
+    /// The pool epoch this node works in.
+    epoch: Mutex<String>,
+}
+
+impl Lease {
+    pub(crate) fn new(epoch: String) -> Self {
+        Self {
+            base: Instant::now(),
+            until_ms: AtomicU64::new(0),
+            renewed: watch::Sender::new(0),
+            members: Mutex::new(HashMap::new()),
+            epoch: Mutex::new(epoch),
+        }
+    }
+
+    /// Whether this node's workers may call their handlers now.
+    pub(crate) fn valid(&self) -> bool {
+        self.elapsed_ms() < self.until_ms.load(Ordering::Acquire)
+    }
+
+    /// When the fence falls, unless a renewal moves it.
+    pub(crate) fn fence_at(&self) -> Instant {
+        self.base + Duration::from_millis(self.until_ms.load(Ordering::Acquire))
+    }
+
+    /// A renewal (or join) sent at `sent_ms` succeeded: the fence moves to
+    /// `sent_ms + ttl - margin`.
+    fn extend(&self, sent_ms: u64, ttl: Duration) {
+        let until = sent_ms + millis(ttl) - millis(margin(ttl));
+        self.until_ms.fetch_max(until, Ordering::AcqRel);
+        self.renewed.send_modify(|n| *n += 1);
+    }
+
+    /// Fences every worker of the node at once.
+    fn fence_now(&self) {
+        self.until_ms.store(0, Ordering::Release);
+    }
+
+    pub(crate) fn elapsed_ms(&self) -> u64 {
+        millis(self.base.elapsed())
+    }
+
+    pub(crate) fn renewals(&self) -> watch::Receiver<u64> {
+        self.renewed.subscribe()
+    }
+
+    pub(crate) fn epoch(&self) -> String {
+        lock(&self.epoch).clone()
+    }
+
+    /// Registers worker `id`; returns the signal that it was evicted.
+    pub(crate) fn add_member(&self, id: &str) -> Arc<Notify> {
+        lock(&self.members).entry(id.to_owned()).or_default().clone()
+    }
+
+    pub(crate) fn remove_member(&self, id: &str) {
+        lock(&self.members).remove(id);
+    }
+
+    fn members(&self) -> Vec<String> {
+        lock(&self.members).keys().cloned().collect()
+    }
+
+    fn evicted(&self, id: &str) {
+        if let Some(signal) = lock(&self.members).get(id) {
+            signal.notify_one();
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Held for one read or update, never across an await.
+    mutex.lock().unwrap_or_else(|poison| poison.into_inner())
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// How long before its lease ends (by its own clock) a node fences its
+/// workers: a tenth of the TTL.
+pub(crate) fn margin(ttl: Duration) -> Duration {
+    ttl / 10
+}
+
+/// How long after a lease ends its worker may be evicted: the margin plus
+/// as long again for the fenced worker to drop its jobs.
+pub(crate) fn grace(ttl: Duration) -> Duration {
+    margin(ttl) * 2
+}
+
+/// How often a node renews its leases and runs the janitor.
+pub(crate) fn tick(ttl: Duration) -> Duration {
+    ttl / 4
+}
+
+impl Core {
+    /// Makes worker `id` a member: entry, lease and a slot, in one step.
+    pub(crate) async fn join_worker(&self, id: &str, join: u64) -> Result<()> {
+        let keys = &self.keys;
+        let sent = self.lease.elapsed_ms();
+        let mut conn = self.conn.clone();
+        let answer: Vec<Value> = scripts::JOIN
+            .key(self.slots.redis_key())
+            .key(self.workers.redis_key())
+            .key(&keys.leases)
+            .key(&keys.shutdown)
+            .key(&keys.epoch)
+            .arg(self.slots.channel())
+            .arg(self.workers.channel())
+            .arg(map_epoch())
+            .arg(id)
+            .arg(format!("{}|{join}", self.id))
+            .arg(millis(self.options.lease_ttl))
+            .arg(self.lease.epoch())
+            .invoke_async(&mut conn)
+            .await
+            .map_err(self.redis_error("join a worker"))?;
+        let (status, detail) = super::dispatch::status(&answer, "join")?;
+        match status.as_str() {
+            "joined" => {
+                self.lease.extend(sent, self.options.lease_ttl);
+                Ok(())
+            }
+            "shutdown" => Err(Error::ShuttingDown(keys.pool.clone())),
+            "epoch" => Err(Error::EpochChanged { pool: keys.pool.clone(), epoch: detail }),
+            other => Err(Error::Protocol { op: "join", answer: other.to_owned() }),
+        }
+    }
+
+    /// Worker `id` leaves: its slot only (`slot`: it hands its jobs back
+    /// next), or everything (`all`).
+    pub(crate) async fn leave(&self, id: &str, mode: &str) -> Result<()> {
+        let keys = &self.keys;
+        let mut conn = self.conn.clone();
+        let _: i64 = scripts::LEAVE
+            .key(self.slots.redis_key())
+            .key(self.workers.redis_key())
+            .key(&keys.leases)
+            .key(keys.inbox(id))
+            .key(keys.worker_jobs(id))
+            .arg(self.slots.channel())
+            .arg(self.workers.channel())
+            .arg(map_epoch())
+            .arg(id)
+            .arg(mode)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(self.redis_error("leave"))?;
+        Ok(())
+    }
+
+    /// Evicts worker `id` now (it fenced itself), or, with `None`, every
+    /// worker whose lease expired more than the grace ago. Returns the
+    /// evicted workers with the number of jobs each had.
+    pub(crate) async fn evict(&self, id: Option<&str>) -> Result<Vec<(String, u64)>> {
+        let keys = &self.keys;
+        let mut conn = self.conn.clone();
+        let answer: Vec<Value> = scripts::EVICT
+            .key(self.slots.redis_key())
+            .key(self.workers.redis_key())
+            .key(&keys.leases)
+            .key(&keys.jobs)
+            .key(&keys.queued)
+            .arg(self.slots.channel())
+            .arg(self.workers.channel())
+            .arg(map_epoch())
+            .arg(&keys.prefix)
+            .arg(keys.inbox_prefix())
+            .arg(millis(grace(self.options.lease_ttl)))
+            .arg(id.unwrap_or(""))
+            .invoke_async(&mut conn)
+            .await
+            .map_err(self.redis_error("evict workers"))?;
+        let mut evicted = Vec::new();
+        for pair in answer.chunks(2) {
+            if let [Value::BulkString(worker), Value::Int(jobs)] = pair {
+                evicted
+                    .push((String::from_utf8_lossy(worker).into_owned(), u64::try_from(*jobs).unwrap_or(0)));
+            }
+        }
+        Ok(evicted)
+    }
+
+    /// Renews the leases of this node's workers. Returns whether the pool
+    /// is shutting down.
+    async fn renew(&self) -> Result<bool> {
+        let keys = &self.keys;
+        let members = self.lease.members();
+        let sent = self.lease.elapsed_ms();
+        let mut conn = self.conn.clone();
+        let mut invocation = scripts::RENEW.key(self.workers.redis_key());
+        invocation
+            .key(&keys.leases)
+            .key(&keys.epoch)
+            .key(&keys.shutdown)
+            .arg(millis(self.options.lease_ttl))
+            .arg(self.lease.epoch());
+        for member in &members {
+            invocation.arg(member);
+        }
+        let answer: Vec<String> =
+            invocation.invoke_async(&mut conn).await.map_err(self.redis_error("renew leases"))?;
+        match answer.first().map(String::as_str) {
+            Some("epoch") => {
+                self.epoch_changed().await?;
+                Ok(false)
+            }
+            Some(state @ ("ok" | "shutdown")) => {
+                for (member, flag) in members.iter().zip(&answer[1..]) {
+                    if flag == "0" {
+                        tracing::warn!(worker = %member, "the worker was evicted: it lost its jobs and joins again");
+                        self.lease.evicted(member);
+                    }
+                }
+                self.lease.extend(sent, self.options.lease_ttl);
+                Ok(state == "shutdown")
+            }
+            _ => Err(Error::Protocol { op: "renew", answer: format!("{answer:?}") }),
+        }
+    }
+
+    /// Redis no longer holds the pool's epoch: it lost the pool's data.
+    /// Every worker of this node drops its jobs and joins again, in the
+    /// epoch now in Redis (a new one if there is none).
+    async fn epoch_changed(&self) -> Result<()> {
+        self.lease.fence_now();
+        let epoch =
+            ensure_epoch(&self.conn, &self.keys.epoch).await.map_err(self.redis_error("read the epoch"))?;
+        tracing::error!(
+            pool = %self.keys.pool,
+            was = %self.lease.epoch(),
+            now = %epoch,
+            "Redis lost the pool's data (its epoch changed); this node's workers join again"
+        );
+        *lock(&self.lease.epoch) = epoch;
+        for member in self.lease.members() {
+            self.lease.evicted(&member);
+        }
+        Ok(())
+    }
+
+    /// One janitor round: evicts expired workers, then assigns queued jobs.
+    async fn janitor(&self) -> Result<()> {
+        for (worker, jobs) in self.evict(None).await? {
+            tracing::warn!(worker = %worker, jobs, "evicted a worker whose lease expired; its jobs are queued");
+        }
+        self.assign_queued().await
+    }
+
+    /// Assigns every queued job to the worker its key routes to.
+    pub(crate) async fn assign_queued(&self) -> Result<()> {
+        if self.slots.is_empty() {
+            return Ok(());
+        }
+        let mut conn = self.conn.clone();
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, batch): (u64, Vec<String>) = redis::cmd("SSCAN")
+                .arg(&self.keys.queued)
+                .arg(cursor)
+                .arg("COUNT")
+                .arg(500)
+                .query_async(&mut conn)
+                .await
+                .map_err(self.redis_error("list queued jobs"))?;
+            for key in batch {
+                self.assign(&key).await?;
+            }
+            if next == 0 {
+                return Ok(());
+            }
+            cursor = next;
+        }
+    }
+}
+
+/// Reads the pool epoch, creating it first if Redis has none.
+pub(crate) async fn ensure_epoch(
+    conn: &redis::aio::ConnectionManager,
+    key: &str,
+) -> redis::RedisResult<String> {
+    let mut conn = conn.clone();
+    let candidate = format!("{:016x}", fastrand::u64(..));
+    let (epoch,): (String,) =
+        redis::pipe().set_nx(key, &candidate).ignore().get(key).query_async(&mut conn).await?;
+    Ok(epoch)
+}
+
+/// The epoch given to a replicated map's hash if a script creates it.
+fn map_epoch() -> String {
+    format!("{:016x}", fastrand::u64(..))
+}
+
+/// The task of a full node: renews its leases, runs the janitor and
+/// watches for the pool shutting down, every tick until `token` is
+/// cancelled.
+pub(crate) async fn run(core: Arc<Core>, token: CancellationToken, shutdown: watch::Sender<bool>) {
+    let mut ticks = tokio::time::interval(tick(core.options.lease_ttl));
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            biased;
+            () = token.cancelled() => return,
+            _ = ticks.tick() => {}
+        }
+        match core.renew().await {
+            Ok(true) => {
+                shutdown.send_if_modified(|was| !std::mem::replace(was, true));
+            }
+            Ok(false) => {}
+            Err(error) => tracing::warn!(error = %error, "failed to renew leases"),
+        }
+        if let Err(error) = core.janitor().await {
+            tracing::warn!(error = %error, "janitor round failed");
+        }
+    }
+}
