@@ -75,6 +75,11 @@ impl JobHandler for WasmHandler {
         }
         result.map_err(handler_error)
     }
+
+    async fn abandon(&self, key: &str) {
+        self.contexts.lock().remove(key);
+        self.runner.abandon(key).await;
+    }
 }
 
 /// What a plugin's outcome means for the pool: its own errors keep their
@@ -121,9 +126,16 @@ impl JobOutputs for PoolOutputs {
         })
     }
 
+    fn may_run(&self, key: &str) -> bool {
+        self.contexts.get(key).is_some_and(|ctx| ctx.is_live())
+    }
+
     fn job_failed<'a>(&'a self, key: &'a str, error: &'a CallError) -> BoxFuture<'a, ()> {
         Box::pin(async move {
             let Some(ctx) = self.contexts.lock().remove(key) else { return };
+            if !ctx.is_live() {
+                return; // the worker lost the job: its record is not ours to change
+            }
             if let Err(refused) = ctx.fail(&error.to_string()).await {
                 tracing::warn!(job.key = key, error = %refused, "failed to record a job's failure");
             }

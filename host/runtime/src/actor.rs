@@ -31,10 +31,28 @@ pub(crate) type Reply = oneshot::Sender<Result<(), CallError>>;
 
 /// What an instance's task is asked to do.
 pub(crate) enum Command {
-    Start { job: Job, reply: Reply },
-    Stop { key: String, reply: Reply },
-    Notify { key: String, payload: Vec<u8>, reply: Reply },
-    Timer { key: String, name: String, generation: u64 },
+    Start {
+        job: Job,
+        reply: Reply,
+    },
+    Stop {
+        key: String,
+        reply: Reply,
+    },
+    Notify {
+        key: String,
+        payload: Vec<u8>,
+        reply: Reply,
+    },
+    Timer {
+        key: String,
+        name: String,
+        generation: u64,
+    },
+    /// Drop the job without calling into it.
+    Abandon {
+        key: String,
+    },
 }
 
 /// Told when a job ends inside the instance, not as the answer to a call:
@@ -83,6 +101,11 @@ impl Actor {
                     let _ = reply.send(self.notify(&key, &payload).await);
                 }
                 Command::Timer { key, name, generation } => self.tick(&key, &name, generation).await,
+                Command::Abandon { key } => {
+                    if let Some(live) = self.live.as_mut() {
+                        live.drop_job(&key);
+                    }
+                }
             }
             self.report_completed();
         }
@@ -92,10 +115,16 @@ impl Actor {
         self.live.as_ref().is_some_and(|live| live.runs(key))
     }
 
+    /// Refuses a call for `key` when the host says its code may not run.
+    fn fence(&self, key: &str) -> Result<(), CallError> {
+        if self.outputs.may_run(key) { Ok(()) } else { Err(CallError::Fenced(key.to_owned())) }
+    }
+
     async fn start(&mut self, job: Job) -> Result<(), CallError> {
         if self.runs(&job.key) {
             return Err(CallError::AlreadyRunning(job.key));
         }
+        self.fence(&job.key)?;
         let mut live = match self.live.take() {
             Some(live) => live,
             None => self.instantiate().await?,
@@ -109,6 +138,7 @@ impl Actor {
     }
 
     async fn stop(&mut self, key: &str) -> Result<(), CallError> {
+        self.fence(key)?;
         let Some(live) = self.live.as_mut() else { return Err(CallError::NotRunning(key.to_owned())) };
         let result = live.stop(key).await;
         if let Err(error) = &result {
@@ -118,6 +148,7 @@ impl Actor {
     }
 
     async fn notify(&mut self, key: &str, payload: &[u8]) -> Result<(), CallError> {
+        self.fence(key)?;
         let Some(live) = self.live.as_mut() else { return Err(CallError::NotRunning(key.to_owned())) };
         let result = live.notify(key, payload).await;
         if let Err(error) = &result {
@@ -127,6 +158,9 @@ impl Actor {
     }
 
     async fn tick(&mut self, key: &str, name: &str, generation: u64) {
+        if !self.outputs.may_run(key) {
+            return; // the job is about to be dropped: its timers run no more
+        }
         let Some(live) = self.live.as_mut() else { return };
         let due = live.jobs().get_mut(key).is_some_and(|slot| slot.take_tick(name, generation));
         if !due {

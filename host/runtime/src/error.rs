@@ -118,6 +118,10 @@ pub enum CallError {
     /// A call for a key that does not run on this runner.
     #[error("job {0:?} is not running here")]
     NotRunning(String),
+    /// The host refused to run the job's code: it may run elsewhere now
+    /// ([`crate::JobOutputs::may_run`] answered false).
+    #[error("job {0:?} may run elsewhere now; its code was not called")]
+    Fenced(String),
 }
 
 impl CallError {

@@ -35,6 +35,15 @@ pub trait JobOutputs: Send + Sync + 'static {
     /// callback failed or trapped, or a restart after another job's trap
     /// failed. The job no longer runs here.
     fn job_failed<'a>(&'a self, key: &'a str, error: &'a CallError) -> BoxFuture<'a, ()>;
+
+    /// Whether job `key`'s code may run now. Asked before every guest call
+    /// for the job, timer callbacks included: a host that may have lost
+    /// the job (its lease ended) answers false, and the call is not made.
+    /// The default always allows.
+    fn may_run(&self, key: &str) -> bool {
+        let _ = key;
+        true
+    }
 }
 
 /// One request a handler made, as [`Recorder`] keeps it.
@@ -98,6 +107,7 @@ struct RecorderState {
     outputs: Vec<Output>,
     saved: HashMap<String, Vec<u8>>,
     refusals: HashMap<String, HostRefusal>,
+    fenced: std::collections::HashSet<String>,
 }
 
 impl Recorder {
@@ -136,6 +146,12 @@ impl Recorder {
     /// From now on, refuse every request for `key` with `refusal`.
     pub fn refuse(&self, key: &str, refusal: HostRefusal) {
         self.lock().refusals.insert(key.to_owned(), refusal);
+    }
+
+    /// From now on, answer that job `key`'s code may not run (as a host
+    /// that lost the job does).
+    pub fn fence(&self, key: &str) {
+        self.lock().fenced.insert(key.to_owned());
     }
 
     /// Waits until `done` holds for the outputs so far, or `timeout` passes.
@@ -189,6 +205,10 @@ impl JobOutputs for Recorder {
 
     fn complete<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), HostRefusal>> {
         Box::pin(async move { self.record(key, Output::Complete { key: key.to_owned() }) })
+    }
+
+    fn may_run(&self, key: &str) -> bool {
+        !self.lock().fenced.contains(key)
     }
 
     fn job_failed<'a>(&'a self, key: &'a str, error: &'a CallError) -> BoxFuture<'a, ()> {

@@ -127,6 +127,15 @@ impl JobRunner {
         result
     }
 
+    /// Drops job `key` without calling into it (no `stop`, no timer from
+    /// now on): its host lost it. Calls queued for it before are answered
+    /// first. Nothing happens for a key that does not run here.
+    pub async fn abandon(&self, key: &str) {
+        let Ok(route) = self.inner.route(key) else { return };
+        let _ = route.commands.send(Command::Abandon { key: key.to_owned() }).await;
+        self.inner.forget(key, route.instance);
+    }
+
     /// Whether job `key` runs here.
     pub fn is_running(&self, key: &str) -> bool {
         self.inner.lock().by_key.contains_key(key)

@@ -1,6 +1,6 @@
 //! Calls that succeed: the order and content of what handlers do.
 
-use pulse_runtime::{Isolation, Job, Output};
+use pulse_runtime::{CallError, Isolation, Job, Output};
 use pulse_testkit::plugins::{COUNTER, ECHO, TRAP};
 
 use crate::{PATIENCE, load, options, runner, runtime};
@@ -74,6 +74,31 @@ async fn timers_fire_repeatedly_stop_with_the_job_and_state_resumes() {
     let next = recorder.emitted("count")[stopped_at].clone();
     assert_eq!(String::from_utf8(next).unwrap(), (resumed_from + 1).to_string(), "{outputs:?}");
     runner.stop("count").await.unwrap();
+}
+
+#[tokio::test]
+async fn a_fenced_job_runs_no_code_and_is_dropped_without_a_stop() {
+    let runtime = runtime();
+    for isolation in [Isolation::Job, Isolation::Worker] {
+        let plugin = load(&runtime, COUNTER, options(isolation, &[("interval-ms", "10")]));
+        let (runner, recorder) = runner(&plugin);
+        runner.start(Job::new("fenced", "")).await.unwrap();
+        runner.start(Job::new("free", "")).await.unwrap();
+        recorder.wait_until(PATIENCE, |o| emits(o, "fenced") >= 2).await;
+
+        recorder.fence("fenced");
+        let fenced_at = recorder.outputs_of("fenced").len();
+        assert_eq!(runner.notify("fenced", b"x".to_vec()).await, Err(CallError::Fenced("fenced".into())));
+        // Nothing can be awaited for "no more ticks": the other job's ticks
+        // show time passing while the fenced one's timer stays silent.
+        let free_before = emits(&recorder.outputs(), "free");
+        recorder.wait_until(PATIENCE, |o| emits(o, "free") >= free_before + 5).await;
+        runner.abandon("fenced").await;
+        assert!(!runner.is_running("fenced"));
+        assert!(runner.is_running("free"), "{isolation:?}: abandoning one job left the other running");
+        assert_eq!(recorder.outputs_of("fenced").len(), fenced_at, "{isolation:?}: the fenced job ran code");
+        runner.stop("free").await.unwrap();
+    }
 }
 
 #[tokio::test]
