@@ -67,6 +67,13 @@ impl JobContext {
         &self.worker
     }
 
+    /// The fencing token of this run of the job: it grows with every
+    /// start of the job anywhere in the pool, so a system the job writes
+    /// to can refuse writes from an older run.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
     /// Whether the job's code may run now: false once the worker's lease
     /// may have ended (the job may already run elsewhere). Check it before
     /// running anything of the job's outside a handler call (a timer).

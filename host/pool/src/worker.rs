@@ -354,7 +354,6 @@ impl<H: JobHandler> Worker<H> {
         loop {
             // A fresh signal: a renewal that raced with the eviction may
             // have told the old one.
-            self.core.lease.remove_member(&self.id);
             self.evicted = self.core.lease.add_member(&self.id);
             self.lost = false;
             self.last_id = "0-0".to_owned();

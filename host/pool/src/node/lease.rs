@@ -41,8 +41,9 @@ pub(crate) struct Lease {
     until_ms: AtomicU64,
     /// Bumped by every successful renewal: fenced workers wait for it.
     renewed: watch::Sender<u64>,
-    /// This node's workers, each with the signal that it was evicted.
-    members: Mutex<HashMap<String, Arc<Notify>>>,
+    /// This node's workers, each with the signal that it was evicted and
+    /// whether it joined (only those are renewed).
+    members: Mutex<HashMap<String, (Arc<Notify>, bool)>>,
     /// The pool epoch this node works in.
     epoch: Mutex<String>,
 }
@@ -93,9 +94,19 @@ impl Lease {
         lock(&self.epoch).clone()
     }
 
-    /// Registers worker `id`; returns the signal that it was evicted.
+    /// Registers worker `id`, not joined yet; returns the signal that it
+    /// was evicted.
     pub(crate) fn add_member(&self, id: &str) -> Arc<Notify> {
-        lock(&self.members).entry(id.to_owned()).or_default().clone()
+        let signal = Arc::new(Notify::new());
+        lock(&self.members).insert(id.to_owned(), (signal.clone(), false));
+        signal
+    }
+
+    /// Worker `id` joined: its lease is renewed from now on.
+    fn joined(&self, id: &str) {
+        if let Some((_, joined)) = lock(&self.members).get_mut(id) {
+            *joined = true;
+        }
     }
 
     pub(crate) fn remove_member(&self, id: &str) {
@@ -103,11 +114,11 @@ impl Lease {
     }
 
     fn members(&self) -> Vec<String> {
-        lock(&self.members).keys().cloned().collect()
+        lock(&self.members).iter().filter(|(_, (_, joined))| *joined).map(|(id, _)| id.clone()).collect()
     }
 
     fn evicted(&self, id: &str) {
-        if let Some(signal) = lock(&self.members).get(id) {
+        if let Some((signal, _)) = lock(&self.members).get(id) {
             signal.notify_one();
         }
     }
@@ -165,6 +176,7 @@ impl Core {
         match status.as_str() {
             "joined" => {
                 self.lease.extend(sent, self.options.lease_ttl);
+                self.lease.joined(id);
                 Ok(())
             }
             "shutdown" => Err(Error::ShuttingDown(keys.pool.clone())),

@@ -1,0 +1,337 @@
+//! Workers in separate processes (`pool-worker`) that are killed or frozen
+//! while they run jobs, with a journal of every handler call in Redis.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::{BufRead as _, BufReader};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pulse_pool::{DispatchOutcome, EventOutcome, JobState, Node, NodeOptions};
+use pulse_testkit::RedisServer;
+
+/// How long a test waits for what takes seconds (a lease to expire).
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// A `pool-worker` process.
+struct WorkerProcess {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    node: String,
+}
+
+impl WorkerProcess {
+    fn spawn(url: &str, pool: &str, workers: usize, lease_ttl_ms: u64) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_pool-worker"))
+            .args([url, pool, &workers.to_string(), &lease_ttl_ms.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let node =
+            line.trim().strip_prefix("ready ").unwrap_or_else(|| panic!("not ready: {line:?}")).to_owned();
+        let stdin = child.stdin.take();
+        Self { child, stdin, node }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn kill(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill").args([signal, &self.pid().to_string()]).status().unwrap();
+        assert!(status.success());
+    }
+
+    /// Closes the node (its jobs go to the others) and waits for the exit.
+    fn close(mut self) {
+        drop(self.stdin.take());
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "pool-worker exited with {status}");
+    }
+}
+
+impl Drop for WorkerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One journal entry: `kind|key|token|worker|pid|detail`, or a marker the
+/// test wrote (`kind` = `killed`, `frozen`, `resumed`; `key` = the pid).
+#[derive(Debug, Clone)]
+struct Entry {
+    kind: String,
+    key: String,
+    token: String,
+    worker: String,
+    pid: String,
+    detail: String,
+}
+
+async fn journal(conn: &mut redis::aio::MultiplexedConnection, pool: &str) -> Vec<Entry> {
+    let lines: Vec<String> = redis::cmd("LRANGE")
+        .arg(format!("pulse-test:{{{pool}}}:journal"))
+        .arg(0)
+        .arg(-1)
+        .query_async(conn)
+        .await
+        .unwrap();
+    lines
+        .into_iter()
+        .map(|line| {
+            let f: Vec<&str> = line.splitn(6, '|').collect();
+            let field = |i: usize| f.get(i).copied().unwrap_or_default().to_owned();
+            Entry {
+                kind: field(0),
+                key: field(1),
+                token: field(2),
+                worker: field(3),
+                pid: field(4),
+                detail: field(5),
+            }
+        })
+        .collect()
+}
+
+async fn mark(conn: &mut redis::aio::MultiplexedConnection, pool: &str, kind: &str, pid: u32) {
+    redis::cmd("RPUSH")
+        .arg(format!("pulse-test:{{{pool}}}:journal"))
+        .arg(format!("{kind}|{pid}"))
+        .exec_async(conn)
+        .await
+        .unwrap();
+}
+
+/// Dispatches `count` jobs `job-<i>`, 32 at a time; all must start.
+async fn dispatch_all(client: &Arc<Node>, count: usize) {
+    let mut lanes = Vec::new();
+    for lane in 0..32 {
+        let client = client.clone();
+        lanes.push(tokio::spawn(async move {
+            for i in (lane..count).step_by(32) {
+                assert_eq!(
+                    client.dispatch(&format!("job-{i}"), b"").await.unwrap(),
+                    DispatchOutcome::Started
+                );
+            }
+        }));
+    }
+    for lane in lanes {
+        lane.await.unwrap();
+    }
+}
+
+/// Waits until every one of `count` jobs runs on the worker its key routes
+/// to, every node of `nodes` hosts workers and no other node does, and the
+/// journal shows each job started last on its worker; returns job -> worker.
+async fn settled(
+    client: &Node,
+    conn: &mut redis::aio::MultiplexedConnection,
+    pool: &str,
+    count: usize,
+    nodes: &[&str],
+) -> HashMap<String, String> {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let workers = client.workers().await.unwrap();
+        let slots: BTreeMap<u32, String> =
+            workers.iter().filter_map(|w| w.slot.map(|slot| (slot, w.id.clone()))).collect();
+        let members = slots.len() == workers.len()
+            && workers.iter().all(|w| nodes.contains(&w.node.as_str()))
+            && nodes.iter().all(|node| workers.iter().any(|w| w.node == *node));
+        let jobs = client.jobs().await.unwrap();
+        let mut last: HashMap<&str, &Entry> = HashMap::new();
+        let entries = journal(conn, pool).await;
+        for e in &entries {
+            match e.kind.as_str() {
+                "start" => {
+                    last.insert(&e.key, e);
+                }
+                // The end of the run it belongs to (a late drop of an older
+                // run ends nothing).
+                "stop" | "drop" if last.get(e.key.as_str()).is_some_and(|run| run.token == e.token) => {
+                    last.insert(&e.key, e);
+                }
+                _ => {}
+            }
+        }
+        let placed = members
+            && jobs.len() == count
+            && jobs.iter().all(|job| {
+                let owner = &slots[&pulse_pool::hash::slot_of(&job.key, slots.len() as u32)];
+                job.state == JobState::Running
+                    && job.worker.as_deref() == Some(owner.as_str())
+                    && last.get(job.key.as_str()).is_some_and(|e| e.kind == "start" && e.worker == *owner)
+            });
+        if placed {
+            return jobs.into_iter().map(|job| (job.key, job.worker.unwrap_or_default())).collect();
+        }
+        if Instant::now() >= deadline {
+            let owner = |key: &str| slots[&pulse_pool::hash::slot_of(key, slots.len() as u32)].clone();
+            let wrong: Vec<String> = jobs
+                .iter()
+                .filter(|job| {
+                    last.get(job.key.as_str())
+                        .is_none_or(|e| e.kind != "start" || e.worker != owner(&job.key))
+                })
+                .take(5)
+                .map(|job| {
+                    format!("{job:?} routes to {}, journal {:?}", owner(&job.key), last.get(job.key.as_str()))
+                })
+                .collect();
+            panic!("the pool did not settle: {workers:?}, {} jobs; for instance {wrong:#?}", jobs.len());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Checks that no key ever ran on two processes at once: per key, a start
+/// follows only a stop, a drop, or the death or freezing of the process
+/// that started it before.
+fn assert_no_overlap(entries: &[Entry]) {
+    let mut gone: HashSet<String> = HashSet::new();
+    let mut running: HashMap<String, String> = HashMap::new(); // key -> pid
+    for (i, e) in entries.iter().enumerate() {
+        match e.kind.as_str() {
+            "killed" | "frozen" => {
+                gone.insert(e.key.clone());
+            }
+            "resumed" => {
+                gone.remove(&e.key);
+            }
+            "start" => {
+                if let Some(pid) = running.get(&e.key) {
+                    assert!(gone.contains(pid), "entry {i}: {e:?} started while process {pid} ran it");
+                }
+                running.insert(e.key.clone(), e.pid.clone());
+            }
+            "stop" | "drop" if running.get(&e.key) == Some(&e.pid) => {
+                running.remove(&e.key);
+            }
+            _ => {}
+        }
+    }
+}
+
+fn client_options() -> NodeOptions {
+    NodeOptions { reply_timeout: Duration::from_secs(30), ..NodeOptions::default() }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_of_a_process_holding_500_jobs_moves_each_once_to_the_survivors() {
+    let server = RedisServer::start();
+    let pool = "failover";
+    let mut a = WorkerProcess::spawn(server.url(), pool, 2, 2_000);
+    let b = WorkerProcess::spawn(server.url(), pool, 2, 2_000);
+    let redis = redis::Client::open(server.url()).unwrap();
+    let client = Arc::new(Node::client(&redis, pool, client_options()).await.unwrap());
+    dispatch_all(&client, 1_000).await;
+    let mut conn = server.connect().await;
+    let before = settled(&client, &mut conn, pool, 1_000, &[&a.node, &b.node]).await;
+    let workers = client.workers().await.unwrap();
+    let on_a: HashSet<String> = workers.iter().filter(|w| w.node == a.node).map(|w| w.id.clone()).collect();
+    let moved: HashSet<String> =
+        before.iter().filter(|(_, w)| on_a.contains(*w)).map(|(key, _)| key.clone()).collect();
+    assert!(moved.len() > 300, "process a holds only {} of 1,000 jobs", moved.len());
+
+    let a_pid = a.pid();
+    let killed_at = Instant::now();
+    a.kill();
+    mark(&mut conn, pool, "killed", a_pid).await;
+    let after = settled(&client, &mut conn, pool, 1_000, &[&b.node]).await;
+    eprintln!("{} jobs of the killed process run again after {:?}", moved.len(), killed_at.elapsed());
+
+    let entries = journal(&mut conn, pool).await;
+    assert_no_overlap(&entries);
+    let b_pid = b.pid().to_string();
+    for key in before.keys() {
+        let of_key: Vec<&Entry> = entries.iter().filter(|e| e.key == *key && e.pid == b_pid).collect();
+        let starts = of_key.iter().filter(|e| e.kind == "start").count();
+        let stops = of_key.iter().filter(|e| e.kind == "stop").count();
+        // Once on the survivor, plus any move between its own workers (a
+        // stop, then a start).
+        assert_eq!(starts, stops + 1, "job {key} on the survivor: {of_key:?}");
+        if moved.contains(key) {
+            assert_eq!(of_key[0].detail, "requeued", "job {key} came back without its flag: {of_key:?}");
+        }
+    }
+    // Jobs on the survivor move only between its workers, as the slot
+    // table's swap-removes route them: those it did not move stayed put.
+    let stayed =
+        before.iter().filter(|(key, worker)| !moved.contains(*key) && after[*key] == **worker).count();
+    eprintln!("{stayed} of {} jobs of the survivor stayed on their worker", before.len() - moved.len());
+    b.close();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_process_runs_nothing_of_the_jobs_it_lost_and_its_notifications_arrive_elsewhere() {
+    let server = RedisServer::start();
+    let pool = "frozen";
+    let a = WorkerProcess::spawn(server.url(), pool, 2, 1_000);
+    let b = WorkerProcess::spawn(server.url(), pool, 2, 1_000);
+    let redis = redis::Client::open(server.url()).unwrap();
+    let client = Arc::new(Node::client(&redis, pool, client_options()).await.unwrap());
+    dispatch_all(&client, 200).await;
+    let mut conn = server.connect().await;
+    let before = settled(&client, &mut conn, pool, 200, &[&a.node, &b.node]).await;
+    let a_pid = a.pid().to_string();
+    let a_tokens: HashSet<String> = journal(&mut conn, pool)
+        .await
+        .into_iter()
+        .filter(|e| e.kind == "start" && e.pid == a_pid)
+        .map(|e| e.token)
+        .collect();
+    assert!(!a_tokens.is_empty());
+
+    a.signal("-STOP");
+    mark(&mut conn, pool, "frozen", a.pid()).await;
+    // Notifications sent while the process is frozen: those for its jobs
+    // wait in its inbox, then go with the jobs to their next worker.
+    let mut sends = Vec::new();
+    for key in before.keys().cloned() {
+        let client = client.clone();
+        sends.push(tokio::spawn(async move { (client.notify(&key, b"n1").await.unwrap(), key) }));
+    }
+    for send in sends {
+        let (outcome, key) = send.await.unwrap();
+        assert!(matches!(outcome, EventOutcome::Done | EventOutcome::Held), "notify {key}: {outcome:?}");
+    }
+    settled(&client, &mut conn, pool, 200, &[&b.node]).await;
+
+    a.signal("-CONT");
+    mark(&mut conn, pool, "resumed", a.pid()).await;
+    // It joins again and takes its share back, under new tokens.
+    settled(&client, &mut conn, pool, 200, &[&a.node, &b.node]).await;
+
+    let entries = journal(&mut conn, pool).await;
+    assert_no_overlap(&entries);
+    let frozen = entries.iter().position(|e| e.kind == "frozen").unwrap();
+    for e in &entries[frozen..] {
+        if e.pid == a_pid && e.kind != "drop" {
+            assert!(!a_tokens.contains(&e.token), "the resumed process ran a job it lost: {e:?}");
+        }
+    }
+    let dropped = entries[frozen..].iter().filter(|e| e.pid == a_pid && e.kind == "drop").count();
+    if dropped != a_tokens.len() {
+        let text: Vec<String> = entries.iter().map(|e| format!("{e:?}")).collect();
+        std::fs::write("/tmp/journal.txt", text.join("\n")).unwrap();
+    }
+    assert_eq!(dropped, a_tokens.len(), "each job it lost is dropped once");
+    // Every notification arrived exactly once, numbered right after the start.
+    for key in before.keys() {
+        let notes: Vec<&Entry> = entries.iter().filter(|e| e.kind == "notify" && e.key == *key).collect();
+        assert_eq!(notes.len(), 1, "job {key}: {notes:?}");
+        assert_eq!(notes[0].detail, "1:n1", "job {key}: {notes:?}");
+    }
+    a.close();
+    b.close();
+}

@@ -1,0 +1,96 @@
+//! `pool-worker`: a process hosting workers of a pool whose handler writes
+//! every call to a journal in Redis, for tests that kill, freeze and
+//! restart processes.
+//!
+//! Usage: `pool-worker <redis-url> <pool> <workers> <lease-ttl-ms>`.
+//! Prints `ready <node id>` once its workers hold their slots; closes the
+//! node (handing its jobs back) when its standard input ends.
+//!
+//! Journal entries (list `pulse-test:{pool}:journal`), one per call:
+//! `kind|key|token|worker|pid|detail` where kind is `start` (detail:
+//! `requeued`), `stop`, `notify` (detail: `seq:payload`) or `drop` (the
+//! worker lost its lease and dropped the job without calling it).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use pulse_pool::{HandlerError, Job, JobContext, JobHandler, Node, NodeOptions};
+use tokio::io::AsyncReadExt as _;
+
+#[derive(Clone)]
+struct Journal {
+    conn: redis::aio::MultiplexedConnection,
+    key: String,
+    /// The token and worker of each job this process runs.
+    runs: Arc<Mutex<HashMap<String, (String, String)>>>,
+}
+
+impl Journal {
+    async fn write(&self, kind: &str, key: &str, detail: &str) {
+        let (token, worker) = self.runs.lock().expect("not poisoned").get(key).cloned().unwrap_or_default();
+        let entry = format!("{kind}|{key}|{token}|{worker}|{}|{detail}", std::process::id());
+        let mut conn = self.conn.clone();
+        let written: redis::RedisResult<()> =
+            redis::cmd("RPUSH").arg(&self.key).arg(entry).query_async(&mut conn).await;
+        if let Err(error) = written {
+            tracing::error!(error = %error, "failed to write the journal");
+        }
+    }
+}
+
+impl JobHandler for Journal {
+    async fn start(&self, job: Job, ctx: JobContext) -> Result<(), HandlerError> {
+        self.runs
+            .lock()
+            .expect("not poisoned")
+            .insert(job.key.clone(), (ctx.token().to_owned(), ctx.worker().to_owned()));
+        self.write("start", &job.key, if job.requeued { "requeued" } else { "" }).await;
+        Ok(())
+    }
+
+    async fn stop(&self, key: &str) -> Result<(), HandlerError> {
+        self.write("stop", key, "").await;
+        self.runs.lock().expect("not poisoned").remove(key);
+        Ok(())
+    }
+
+    async fn notify(&self, key: &str, payload: Vec<u8>, seq: u64) -> Result<(), HandlerError> {
+        self.write("notify", key, &format!("{seq}:{}", String::from_utf8_lossy(&payload))).await;
+        Ok(())
+    }
+
+    async fn abandon(&self, key: &str) {
+        self.write("drop", key, "").await;
+        self.runs.lock().expect("not poisoned").remove(key);
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter("warn,pulse_pool=info").init();
+    let args: Vec<String> = std::env::args().collect();
+    let [_, url, pool, workers, ttl_ms] = args.as_slice() else {
+        return Err("usage: pool-worker <redis-url> <pool> <workers> <lease-ttl-ms>".into());
+    };
+    let client = redis::Client::open(url.as_str())?;
+    let options = NodeOptions { lease_ttl: Duration::from_millis(ttl_ms.parse()?), ..NodeOptions::default() };
+    let node = Node::join(&client, pool, options).await?;
+    let journal = Journal {
+        conn: client.get_multiplexed_async_connection().await?,
+        key: format!("pulse-test:{{{pool}}}:journal"),
+        runs: Arc::default(),
+    };
+    for _ in 0..workers.parse::<usize>()? {
+        // One handler shared by the process's workers: the journal is one.
+        node.add_worker(journal.clone()).await?;
+    }
+    #[allow(clippy::print_stdout, reason = "the readiness line the test waits for")]
+    {
+        println!("ready {}", node.id());
+    }
+    let mut rest = Vec::new();
+    tokio::io::stdin().read_to_end(&mut rest).await?;
+    node.close().await;
+    Ok(())
+}
