@@ -166,3 +166,104 @@ async fn closing_a_node_hands_its_jobs_to_the_other_node() {
     assert!(placement_of(&calls.all()).values().all(|w| *w != first_worker));
     finish(&pool, &[&second]).await;
 }
+
+/// Checks that no key ever ran on two workers at once: per key, a start
+/// follows only the stop of the run before.
+fn assert_no_overlap(calls: &[Call]) {
+    let mut running: HashMap<&str, &str> = HashMap::new();
+    for (i, call) in calls.iter().enumerate() {
+        match call {
+            Call::Start { worker, key, .. } => {
+                if let Some(other) = running.insert(key, worker) {
+                    panic!("call {i}: {key} started on {worker} while it ran on {other}");
+                }
+            }
+            Call::Stop { worker, key } => {
+                assert_eq!(running.remove(key.as_str()), Some(worker.as_str()), "call {i}: {call:?}");
+            }
+            Call::Notify { worker, key, .. } => {
+                assert_eq!(running.get(key.as_str()), Some(&worker.as_str()), "call {i}: {call:?}");
+            }
+        }
+    }
+}
+
+/// Where each job's key routes by the pool's slot table now.
+async fn routes(node: &Node, keys: impl Iterator<Item = String>) -> HashMap<String, String> {
+    let workers = node.workers().await.unwrap();
+    let count = u32::try_from(workers.len()).unwrap();
+    let by_slot: HashMap<u32, String> = workers.into_iter().map(|w| (w.slot.unwrap(), w.id)).collect();
+    keys.map(|key| {
+        let worker = by_slot[&slot_of(&key, count)].clone();
+        (key, worker)
+    })
+    .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_and_a_leave_move_exactly_the_jobs_whose_slot_owner_changed() {
+    const JOBS: usize = 1_000;
+    let pool = unique("rebalance");
+    let calls = Calls::default();
+    let node = std::sync::Arc::new(node(&pool, 4, &calls).await);
+    for i in 0..JOBS {
+        assert_eq!(node.dispatch(&format!("job-{i}"), b"").await.unwrap(), DispatchOutcome::Started);
+    }
+    assert_placed(&node, &calls, JOBS).await;
+    // Notifications to 100 keys race both membership changes.
+    let notifier = tokio::spawn({
+        let node = node.clone();
+        async move {
+            for round in 1..=6 {
+                for i in 0..100 {
+                    let outcome =
+                        node.notify(&format!("job-{i}"), round.to_string().as_bytes()).await.unwrap();
+                    assert!(matches!(outcome, EventOutcome::Done | EventOutcome::Held), "{outcome:?}");
+                }
+            }
+        }
+    });
+
+    for (step, share) in [(0, 1.0 / 5.0), (1, 2.0 / 5.0)] {
+        let before = placement_of(&calls.all());
+        if step == 0 {
+            node.add_worker(Recording::new(&calls)).await.unwrap();
+        } else {
+            // The first worker: Go Pulse would move almost every job.
+            node.remove_worker("w1").await.unwrap();
+        }
+        let routed = routes(&node, before.keys().cloned()).await;
+        assert_placed(&node, &calls, JOBS).await;
+        let after = placement_of(&calls.all());
+        let moved: Vec<&String> = before.keys().filter(|key| before[*key] != after[*key]).collect();
+        let owner_changed: Vec<&String> = before.keys().filter(|key| before[*key] != routed[*key]).collect();
+        assert_eq!(moved.len(), owner_changed.len(), "step {step}: moved jobs differ from changed owners");
+        assert!(moved.iter().all(|key| routed[*key] == after[*key]), "step {step}");
+        let ratio = moved.len() as f64 / JOBS as f64;
+        eprintln!(
+            "step {step}: {} of {JOBS} jobs moved ({ratio:.3}; expected about {share:.3})",
+            moved.len()
+        );
+        assert!((ratio - share).abs() < 0.1, "step {step}: moved {ratio:.3}, expected about {share:.3}");
+    }
+    notifier.await.unwrap();
+
+    let all = calls.all();
+    assert_no_overlap(&all);
+    for i in 0..100 {
+        let key = format!("job-{i}");
+        let notes: Vec<(u64, Vec<u8>)> = all
+            .iter()
+            .filter_map(|call| match call {
+                Call::Notify { key: k, payload, seq, .. } if *k == key => Some((*seq, payload.clone())),
+                _ => None,
+            })
+            .collect();
+        let payloads: Vec<String> =
+            notes.iter().map(|(_, p)| String::from_utf8(p.clone()).unwrap()).collect();
+        assert_eq!(payloads, ["1", "2", "3", "4", "5", "6"], "{key}: every notification, once, in order");
+        let seqs: Vec<u64> = notes.iter().map(|(seq, _)| *seq).collect();
+        assert_eq!(seqs, [1, 2, 3, 4, 5, 6], "{key}: sequence numbers without a gap");
+    }
+    finish(&pool, &[&node]).await;
+}
