@@ -36,3 +36,4 @@ script!(JOIN, "join.lua");
 script!(LEAVE, "leave.lua");
 script!(RENEW, "renew.lua");
 script!(EVICT, "evict.lua");
+script!(REASSERT, "reassert.lua");

@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
 use pulse_streams::{ReaderEvent, ReaderOptions, ReaderSubscription, Start, Stream, StreamOptions};
-use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::sync::{Notify, mpsc, oneshot, watch};
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -77,6 +77,8 @@ enum Exit {
     Control(Control),
     /// Its lease may have ended, or it was evicted.
     Lost,
+    /// Redis lost the pool's data.
+    DataLost,
     /// Its inbox reader ended.
     Closed,
 }
@@ -141,6 +143,9 @@ struct Outgoing {
 struct Running {
     token: String,
     last_seq: u64,
+    /// As it started (without its state), to write it back if Redis loses
+    /// the pool's data.
+    job: Job,
 }
 
 /// A job whose start failed with a retryable error, waiting to start again;
@@ -185,14 +190,26 @@ impl<H: JobHandler> Worker<H> {
         mut control: mpsc::UnboundedReceiver<Control>,
         mut ended: mpsc::UnboundedReceiver<Ended>,
     ) {
+        let mut data_losses = self.core.lease.data_losses();
         loop {
-            match self.serve(&mut inbox, &mut slot_changes, &mut control, &mut ended).await {
+            match self.serve(&mut inbox, &mut slot_changes, &mut control, &mut ended, &mut data_losses).await
+            {
                 Exit::Control(request) => {
                     self.on_control(request, &mut inbox, &mut ended).await;
                     reader.close().await;
                     break;
                 }
                 Exit::Closed => break,
+                Exit::DataLost => {
+                    reader.close().await;
+                    match self.join_again(&mut control).await {
+                        Some((new_reader, new_inbox)) => {
+                            (reader, inbox) = (new_reader, new_inbox);
+                            self.reassert().await;
+                        }
+                        None => break,
+                    }
+                }
                 Exit::Lost => {
                     reader.close().await;
                     self.drop_jobs().await;
@@ -214,6 +231,7 @@ impl<H: JobHandler> Worker<H> {
         slot_changes: &mut pulse_rmap::Subscription,
         control: &mut mpsc::UnboundedReceiver<Control>,
         ended: &mut mpsc::UnboundedReceiver<Ended>,
+        data_losses: &mut watch::Receiver<u64>,
     ) -> Exit {
         loop {
             let next_retry = self.retry_at.keys().next().map(|(at, _)| *at);
@@ -223,6 +241,7 @@ impl<H: JobHandler> Worker<H> {
                 biased;
                 Some(end) = ended.recv() => self.on_ended(end),
                 Some(request) = control.recv() => return Exit::Control(request),
+                Ok(()) = data_losses.changed() => return Exit::DataLost,
                 () = evicted.notified() => return Exit::Lost,
                 () = tokio::time::sleep_until(self.core.lease.fence_at()), if has_jobs => {
                     if !self.core.lease.valid() {
@@ -351,6 +370,16 @@ impl<H: JobHandler> Worker<H> {
                 () = pause() => {}
             }
         }
+        self.join_again(control).await
+    }
+
+    /// Joins the pool again under the same id with a new, empty inbox.
+    /// `None` when the node asks the worker to end meanwhile, or the pool
+    /// shuts down.
+    async fn join_again(
+        &mut self,
+        control: &mut mpsc::UnboundedReceiver<Control>,
+    ) -> Option<(pulse_streams::Reader, ReaderSubscription)> {
         loop {
             // A fresh signal: a renewal that raced with the eviction may
             // have told the old one.
@@ -387,6 +416,53 @@ impl<H: JobHandler> Worker<H> {
                 () = pause() => {}
             }
         }
+    }
+
+    /// After Redis lost the pool's data: writes back every job this worker
+    /// runs, under the token it holds; drops those whose key was taken
+    /// meanwhile, and those waiting to start again.
+    async fn reassert(&mut self) {
+        let keys = &self.core.keys;
+        let mut kept = 0;
+        for (key, retrying) in std::mem::take(&mut self.retrying) {
+            tracing::warn!(job.key = %key, attempt = retrying.job.attempt, "dropped a job waiting to start again: Redis lost it");
+            self.handler.abandon(&key).await;
+        }
+        self.retry_at.clear();
+        let running: Vec<String> = self.running.keys().cloned().collect();
+        for key in running {
+            let Some(run) = self.running.get(&key) else { continue };
+            let mut conn = self.core.conn.clone();
+            let written: redis::RedisResult<i64> = scripts::REASSERT
+                .key(&keys.jobs)
+                .key(keys.record(&key))
+                .key(keys.worker_jobs(&self.id))
+                .key(&keys.tokens)
+                .arg(&key)
+                .arg(&run.token)
+                .arg(run.last_seq)
+                .arg(&self.id)
+                .arg(&run.job.payload)
+                .arg(run.job.created_at_ms)
+                .arg(run.job.attempt)
+                .invoke_async(&mut conn)
+                .await;
+            match written {
+                Ok(1) => kept += 1,
+                Ok(_) => {
+                    tracing::warn!(job.key = %key, "dropped a job whose key was dispatched anew after Redis lost it");
+                    self.running.remove(&key);
+                    self.handler.abandon(&key).await;
+                }
+                Err(error) => {
+                    // Not written back: it is not this worker's any more.
+                    tracing::warn!(job.key = %key, error = %error, "failed to write a job back; dropping it");
+                    self.running.remove(&key);
+                    self.handler.abandon(&key).await;
+                }
+            }
+        }
+        tracing::warn!(jobs = kept, "wrote back the jobs it runs after Redis lost the pool's data");
     }
 
     async fn on_entry(&mut self, entry: pulse_streams::Event) {
@@ -470,8 +546,14 @@ impl<H: JobHandler> Worker<H> {
         }
         match self.handler.start(job.clone(), ctx).await {
             Ok(()) => {
-                self.running
-                    .insert(job.key.clone(), Running { token: event.token.clone(), last_seq: event.seq });
+                self.running.insert(
+                    job.key.clone(),
+                    Running {
+                        token: event.token.clone(),
+                        last_seq: event.seq,
+                        job: Job { state: None, ..job.clone() },
+                    },
+                );
                 self.reply(&event, "started", "").await;
                 let (_, owner) = self.core.route(&job.key);
                 self.misplaced_start |= !owner.is_empty() && owner != self.id;

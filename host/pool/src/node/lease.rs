@@ -41,6 +41,9 @@ pub(crate) struct Lease {
     until_ms: AtomicU64,
     /// Bumped by every successful renewal: fenced workers wait for it.
     renewed: watch::Sender<u64>,
+    /// Bumped when Redis lost the pool's data: workers write back the
+    /// jobs they run.
+    data_lost: watch::Sender<u64>,
     /// This node's workers, each with the signal that it was evicted and
     /// whether it joined (only those are renewed).
     members: Mutex<HashMap<String, (Arc<Notify>, bool)>>,
@@ -54,6 +57,7 @@ impl Lease {
             base: Instant::now(),
             until_ms: AtomicU64::new(0),
             renewed: watch::Sender::new(0),
+            data_lost: watch::Sender::new(0),
             members: Mutex::new(HashMap::new()),
             epoch: Mutex::new(epoch),
         }
@@ -88,6 +92,10 @@ impl Lease {
 
     pub(crate) fn renewals(&self) -> watch::Receiver<u64> {
         self.renewed.subscribe()
+    }
+
+    pub(crate) fn data_losses(&self) -> watch::Receiver<u64> {
+        self.data_lost.subscribe()
     }
 
     pub(crate) fn epoch(&self) -> String {
@@ -278,8 +286,9 @@ impl Core {
     }
 
     /// Redis no longer holds the pool's epoch: it lost the pool's data.
-    /// Every worker of this node drops its jobs and joins again, in the
-    /// epoch now in Redis (a new one if there is none).
+    /// Every worker of this node stops calling its handler, joins again in
+    /// the epoch now in Redis (a new one if there is none) and writes back
+    /// the jobs it runs.
     async fn epoch_changed(&self) -> Result<()> {
         self.lease.fence_now();
         let epoch =
@@ -291,9 +300,23 @@ impl Core {
             "Redis lost the pool's data (its epoch changed); this node's workers join again"
         );
         *lock(&self.lease.epoch) = epoch;
-        for member in self.lease.members() {
-            self.lease.evicted(&member);
+        // Answers are written only to a reply stream that exists.
+        let mut conn = self.conn.clone();
+        let recreated: redis::RedisResult<()> = redis::pipe()
+            .cmd("XADD")
+            .arg(&self.replies)
+            .arg("*")
+            .arg("n")
+            .arg("hello")
+            .arg("p")
+            .arg("")
+            .ignore()
+            .query_async(&mut conn)
+            .await;
+        if let Err(error) = recreated {
+            tracing::warn!(error = %error, "failed to recreate the reply stream");
         }
+        self.lease.data_lost.send_modify(|n| *n += 1);
         Ok(())
     }
 

@@ -5,12 +5,14 @@
 //! - `events`: stop and notify, order, sequence numbers, duplicates.
 //! - `membership`: workers joining and leaving while jobs run.
 //! - `load`: many dispatches; Redis commands per dispatch.
+//! - `redis_faults`: Redis restarting with its data and empty.
 #![allow(clippy::unwrap_used, reason = "tests and their helpers: a panic is the failure report")]
 
 mod dispatch;
 mod events;
 mod load;
 mod membership;
+mod redis_faults;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -10,7 +10,7 @@ use pulse_testkit::unique;
 use crate::{Call, Calls, Recording, finish, node};
 
 /// Where each running job is, by the calls the handlers saw.
-fn placement_of(calls: &[Call]) -> HashMap<String, String> {
+pub fn placement_of(calls: &[Call]) -> HashMap<String, String> {
     let mut running = HashMap::new();
     for call in calls.iter().cloned() {
         match call {
@@ -169,7 +169,7 @@ async fn closing_a_node_hands_its_jobs_to_the_other_node() {
 
 /// Checks that no key ever ran on two workers at once: per key, a start
 /// follows only the stop of the run before.
-fn assert_no_overlap(calls: &[Call]) {
+pub fn assert_no_overlap(calls: &[Call]) {
     let mut running: HashMap<&str, &str> = HashMap::new();
     for (i, call) in calls.iter().enumerate() {
         match call {

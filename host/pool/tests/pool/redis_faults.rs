@@ -1,0 +1,115 @@
+//! Redis restarting under the pool: with its data (append-only file,
+//! `appendfsync always`) and empty.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use pulse_pool::{DispatchOutcome, JobState, Node, NodeOptions};
+use pulse_testkit::RedisServer;
+
+use crate::{Call, Calls, PATIENCE, Recording};
+
+fn options() -> NodeOptions {
+    NodeOptions { lease_ttl: Duration::from_secs(2), ..crate::options() }
+}
+
+/// Dispatches `job-<i>` until the pool answers (Redis may be down):
+/// started, or already there from an attempt whose answer was lost.
+async fn dispatch_until_answered(node: &Node, i: usize) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        match node.dispatch(&format!("job-{i}"), b"").await {
+            Ok(DispatchOutcome::Started | DispatchOutcome::AlreadyExists(_)) => return,
+            Ok(other) => panic!("job-{i}: {other:?}"),
+            Err(error) => {
+                assert!(tokio::time::Instant::now() < deadline, "job-{i}: {error}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// Waits until `count` jobs run in Redis and each handler run is the one
+/// Redis names.
+async fn all_running(node: &Node, calls: &Calls, count: usize) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let jobs = node.jobs().await.unwrap_or_default();
+        let running = crate::membership::placement_of(&calls.all());
+        if jobs.len() == count
+            && jobs
+                .iter()
+                .all(|job| job.state == JobState::Running && running.get(&job.key) == job.worker.as_ref())
+        {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{} of {count} jobs run", jobs.len());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_restart_with_its_data_under_load_loses_and_doubles_nothing() {
+    let mut server = RedisServer::start_persistent();
+    let client = redis::Client::open(server.url()).unwrap();
+    let calls = Calls::default();
+    let node = Arc::new(Node::join(&client, "aof", options()).await.unwrap());
+    for _ in 0..3 {
+        node.add_worker(Recording::new(&calls)).await.unwrap();
+    }
+    let load = tokio::spawn({
+        let node = node.clone();
+        async move {
+            for i in 0..600 {
+                dispatch_until_answered(&node, i).await;
+            }
+        }
+    });
+    calls.wait_until("a third of the jobs started", |c| c.len() >= 200).await;
+    server.restart();
+    load.await.unwrap();
+    all_running(&node, &calls, 600).await;
+    crate::membership::assert_no_overlap(&calls.all());
+    let all = calls.all();
+    let started: HashSet<&str> = all
+        .iter()
+        .filter_map(|c| match c {
+            Call::Start { key, .. } => Some(key.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(started.len(), 600);
+    node.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_restarted_empty_is_detected_and_the_running_jobs_are_written_back() {
+    let mut server = RedisServer::start();
+    let client = redis::Client::open(server.url()).unwrap();
+    let calls = Calls::default();
+    let node = Node::join(&client, "empty", options()).await.unwrap();
+    for _ in 0..2 {
+        node.add_worker(Recording::new(&calls)).await.unwrap();
+    }
+    for i in 0..50 {
+        assert_eq!(node.dispatch(&format!("job-{i}"), b"").await.unwrap(), DispatchOutcome::Started);
+    }
+    let epoch = |conn: redis::aio::MultiplexedConnection| async move {
+        let mut conn = conn;
+        let epoch: Option<String> =
+            redis::cmd("GET").arg("pulse:{empty}:epoch").query_async(&mut conn).await.unwrap();
+        epoch
+    };
+    let before = epoch(server.connect().await).await.unwrap();
+    server.restart();
+    // Only the workers can put the jobs back: Redis came back empty.
+    all_running(&node, &calls, 50).await;
+    let after = epoch(server.connect().await).await.unwrap();
+    assert_ne!(before, after, "the pool has a new epoch");
+    // The jobs are the pool's again: they stop, and new ones start.
+    assert_eq!(node.stop("job-0").await.unwrap(), pulse_pool::EventOutcome::Done);
+    assert_eq!(node.dispatch("job-new", b"").await.unwrap(), DispatchOutcome::Started);
+    crate::membership::assert_no_overlap(&calls.all());
+    node.close().await;
+}
