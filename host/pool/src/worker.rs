@@ -40,7 +40,17 @@ const REPLIES_KEPT: usize = 10_000;
 #[derive(Debug)]
 pub(crate) struct WorkerHandle {
     control: mpsc::UnboundedSender<Control>,
-    task: tokio::task::JoinHandle<()>,
+    /// Aborted when the handle is dropped unused (its node was dropped
+    /// without closing): the worker stops where it is, as in a crash.
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for WorkerHandle {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
 }
 
 /// What the node asks of a worker's task.
@@ -63,12 +73,14 @@ impl WorkerHandle {
         self.ask(Control::ShutDown).await;
     }
 
-    async fn ask(self, control: impl FnOnce(oneshot::Sender<()>) -> Control) {
+    async fn ask(mut self, control: impl FnOnce(oneshot::Sender<()>) -> Control) {
         let (done, finished) = oneshot::channel();
         if self.control.send(control(done)).is_ok() {
             let _ = finished.await;
         }
-        let _ = self.task.await;
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
     }
 }
 
@@ -116,7 +128,7 @@ pub(crate) async fn spawn<H: JobHandler>(
     };
     // Owned by the handle: awaited by `leave`, and it ends with its inbox.
     let task = tokio::spawn(worker.run(reader, inbox, slot_changes, control_rx, ended_rx).instrument(span));
-    Ok(WorkerHandle { control: control_tx, task })
+    Ok(WorkerHandle { control: control_tx, task: Some(task) })
 }
 
 /// Opens worker `id`'s inbox, read from its oldest entry.

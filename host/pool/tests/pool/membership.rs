@@ -267,3 +267,65 @@ async fn a_join_and_a_leave_move_exactly_the_jobs_whose_slot_owner_changed() {
     }
     finish(&pool, &[&node]).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_shutdown_stops_every_job_everywhere_and_leaves_nothing() {
+    let pool = unique("shutdown");
+    let calls = Calls::default();
+    let options =
+        pulse_pool::NodeOptions { lease_ttl: std::time::Duration::from_secs(2), ..crate::options() };
+    let join = |calls: &Calls| {
+        let options = options.clone();
+        let recording = Recording::new(calls);
+        let pool = pool.clone();
+        async move {
+            let node = Node::join(&crate::client(), &pool, options).await.unwrap();
+            node.add_worker(recording.clone()).await.unwrap();
+            node.add_worker(recording).await.unwrap();
+            node
+        }
+    };
+    let first = join(&calls).await;
+    let second = join(&calls).await;
+    // A node that dies without leaving: the shutdown goes on without it
+    // once its workers are evicted.
+    let dead = join(&calls).await;
+    for i in 0..100 {
+        assert_eq!(first.dispatch(&format!("job-{i}"), b"").await.unwrap(), DispatchOutcome::Started);
+    }
+    let on_dead: usize =
+        first.workers().await.unwrap().iter().filter(|w| w.node == dead.id()).map(|w| w.jobs as usize).sum();
+    drop(dead);
+
+    let client = Node::client(&crate::client(), &pool, crate::options()).await.unwrap();
+    let shutdown = tokio::spawn(async move {
+        let jobs = client.shutdown(crate::PATIENCE).await.unwrap();
+        client.close().await;
+        jobs
+    });
+    // While it runs, no node may join.
+    let refused = loop {
+        match Node::join(&crate::client(), &pool, crate::options()).await {
+            Err(error) => break error,
+            Ok(node) => node.close().await,
+        }
+    };
+    assert!(matches!(refused, pulse_pool::Error::ShuttingDown(_)), "{refused}");
+    assert_eq!(shutdown.await.unwrap(), 100);
+
+    // Every job that ran on a live node was stopped by its handler.
+    let stopped: std::collections::HashSet<String> = calls
+        .all()
+        .into_iter()
+        .filter_map(|c| match c {
+            Call::Stop { key, .. } => Some(key),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(stopped.len(), 100 - on_dead, "jobs stopped by their handlers");
+    assert!(first.workers().await.unwrap().is_empty());
+    first.close().await;
+    second.close().await;
+    let mut conn = pulse_testkit::connect(pulse_testkit::shared_redis_url()).await;
+    pulse_testkit::assert_no_keys(&mut conn, &pool).await;
+}
