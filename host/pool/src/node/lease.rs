@@ -386,7 +386,11 @@ pub(crate) async fn run(core: Arc<Core>, token: CancellationToken, shutdown: wat
         }
         match core.renew().await {
             Ok(true) => {
-                shutdown.send_if_modified(|was| !std::mem::replace(was, true));
+                // The pool is going away: its keys are about to be removed,
+                // and a renewal then would take that for lost data.
+                shutdown.send_replace(true);
+                token.cancelled().await;
+                return;
             }
             Ok(false) => {}
             Err(error) => tracing::warn!(error = %error, "failed to renew leases"),

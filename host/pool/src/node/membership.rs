@@ -135,6 +135,9 @@ impl Node {
         if !core.workers.wait_until(timeout, |workers| workers.is_empty()).await {
             tracing::warn!(workers = ?core.workers.keys(), "workers still listed after the shutdown timeout; removing the pool anyway");
         }
+        // Through the maps, so every replica sees them empty.
+        core.slots.destroy().await?;
+        core.workers.destroy().await?;
         let mut cursor: u64 = 0;
         let pattern = format!("{}*", core.keys.prefix);
         loop {

@@ -11,7 +11,11 @@ use pulse_testkit::RedisServer;
 use crate::{Call, Calls, PATIENCE, Recording};
 
 fn options() -> NodeOptions {
-    NodeOptions { lease_ttl: Duration::from_secs(2), ..crate::options() }
+    NodeOptions {
+        lease_ttl: Duration::from_secs(2),
+        reply_timeout: Duration::from_secs(2),
+        ..crate::options()
+    }
 }
 
 /// Dispatches `job-<i>` until the pool answers (Redis may be down):
@@ -21,6 +25,8 @@ async fn dispatch_until_answered(node: &Node, i: usize) {
     loop {
         match node.dispatch(&format!("job-{i}"), b"").await {
             Ok(DispatchOutcome::Started | DispatchOutcome::AlreadyExists(_)) => return,
+            // The answer was lost with a connection: ask again.
+            Ok(DispatchOutcome::Unconfirmed) => {}
             Ok(other) => panic!("job-{i}: {other:?}"),
             Err(error) => {
                 assert!(tokio::time::Instant::now() < deadline, "job-{i}: {error}");
