@@ -131,9 +131,15 @@ impl Node {
             .map_err(core.redis_error("shut the pool down"))?;
         tracing::info!(pool = %core.keys.pool, jobs, "shutting the pool down");
         // Every full node sees the flag at its next renewal, stops its jobs
-        // and its workers leave; dead nodes' workers never will.
-        if !core.workers.wait_until(timeout, |workers| workers.is_empty()).await {
-            tracing::warn!(workers = ?core.workers.keys(), "workers still listed after the shutdown timeout; removing the pool anyway");
+        // and its workers leave; dead nodes' workers are evicted here once
+        // their leases expire (live nodes run no janitor any more).
+        let deadline = tokio::time::Instant::now() + timeout;
+        while !core.workers.wait_until(Duration::from_millis(250), |workers| workers.is_empty()).await {
+            if tokio::time::Instant::now() >= deadline {
+                tracing::warn!(workers = ?core.workers.keys(), "workers still listed after the shutdown timeout; removing the pool anyway");
+                break;
+            }
+            core.evict(None).await?;
         }
         // Through the maps, so every replica sees them empty.
         core.slots.destroy().await?;
