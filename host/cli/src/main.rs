@@ -106,6 +106,17 @@ enum Command {
         pool: String,
         key: String,
     },
+    /// Shuts a pool down: every host stops the pool's jobs (their
+    /// handlers' `stop`), its workers leave, and the pool's Redis state is
+    /// removed. Hosts serving only this pool exit.
+    Shutdown {
+        #[arg(long)]
+        pool: String,
+        /// How long to wait for the hosts to stop their jobs; hosts that
+        /// do not answer (dead ones) are not waited for longer.
+        #[arg(long, default_value = "60s", value_parser = parse_duration)]
+        timeout: std::time::Duration,
+    },
     /// Lists the jobs of a pool.
     Jobs {
         #[arg(long)]
@@ -224,6 +235,7 @@ async fn client_command(
         | Command::Status { pool, .. }
         | Command::Retry { pool, .. }
         | Command::Forget { pool, .. }
+        | Command::Shutdown { pool, .. }
         | Command::Jobs { pool, .. }
         | Command::Workers { pool, .. }
         | Command::Nodes { pool, .. } => pool.clone(),
@@ -279,6 +291,10 @@ async fn answer(node: &pulse_pool::Node, command: Command) -> anyhow::Result<(u8
             true => (exit::OK, "forgotten".into()),
             false => (exit::NOT_FOUND_OR_EXISTS, "no failed job has this key".into()),
         },
+        Command::Shutdown { timeout, .. } => {
+            let jobs = node.shutdown(timeout).await?;
+            (exit::OK, format!("shut down; the pool held {jobs} jobs"))
+        }
         Command::Jobs { json, .. } => {
             client::print_jobs(&mut node.jobs().await?, json);
             (exit::OK, String::new())
@@ -292,5 +308,12 @@ async fn answer(node: &pulse_pool::Node, command: Command) -> anyhow::Result<(u8
             (exit::OK, String::new())
         }
         Command::Run | Command::Check | Command::Events { .. } => unreachable!("handled before"),
+    })
+}
+
+/// A duration as the config file writes them (`"60s"`, `"500ms"`, `"2m"`).
+fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    pulse_config::units::duration(text).ok_or_else(|| {
+        format!("{text:?} is not a duration: write a number and a unit, like 500ms, 60s or 2m")
     })
 }

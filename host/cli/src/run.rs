@@ -59,6 +59,7 @@ pub fn node_options(config: &Config) -> NodeOptions {
         max_attempts: config.node.max_attempts,
         retry_backoff: config.node.retry_backoff,
         events_retention: usize::try_from(config.node.events_retention).unwrap_or(usize::MAX),
+        lease_ttl: config.node.lease_ttl,
         ..NodeOptions::default()
     }
 }
@@ -75,7 +76,17 @@ pub async fn run(config: &Config, client: &redis::Client) -> anyhow::Result<()> 
         return Err(error);
     }
     tracing::info!(pools = nodes.len(), "running; Ctrl-C or SIGTERM to leave");
-    wait_for_signal().await?;
+    let all_shut_down = futures_util::future::join_all(nodes.iter().map(|node| node.pool_shut_down()));
+    tokio::select! {
+        result = wait_for_signal() => result?,
+        _ = all_shut_down => {
+            tracing::info!("every pool of this host was shut down; exiting");
+            for node in &nodes {
+                node.close().await;
+            }
+            return Ok(());
+        }
+    }
     tracing::info!("leaving: handing jobs to the other hosts (a second signal exits at once)");
     let leave = async {
         for node in &nodes {

@@ -57,6 +57,8 @@ pub struct NodeConfig {
     pub retry_backoff: Duration,
     /// `events_retention`: entries of each pool's events stream.
     pub events_retention: u64,
+    /// `lease_ttl`: how long a worker's lease lasts without renewal.
+    pub lease_ttl: Duration,
 }
 
 /// `[runtime]`.

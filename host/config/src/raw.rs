@@ -41,6 +41,7 @@ struct Node {
     max_attempts: Option<Spanned<u32>>,
     retry_backoff: Option<Spanned<String>>,
     events_retention: Option<u64>,
+    lease_ttl: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -131,6 +132,20 @@ impl File {
                 millis(100),
             ),
             events_retention: self.node.events_retention.unwrap_or(10_000),
+            lease_ttl: {
+                let ttl = check.duration("node.lease_ttl", self.node.lease_ttl.as_ref(), secs(10));
+                match &self.node.lease_ttl {
+                    Some(value) if ttl < millis(400) => {
+                        check.problem(
+                            value,
+                            "`node.lease_ttl` must be at least 400ms (it is renewed every quarter of it)"
+                                .into(),
+                        );
+                        secs(10)
+                    }
+                    _ => ttl,
+                }
+            },
         };
         let runtime = RuntimeConfig {
             max_instances: match &self.runtime.max_instances {

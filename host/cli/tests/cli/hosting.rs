@@ -131,3 +131,56 @@ fn a_host_bringing_another_plugin_to_a_pool_is_refused_with_both_digests() {
     wait_for_workers(&first, redis, "shared", 1);
     assert_eq!(host.terminate(), 0);
 }
+
+/// The jobs of `pool` as the CLI lists them: key -> worker.
+fn jobs(config: &std::path::Path, redis: Option<&str>, pool: &str) -> Vec<(String, String)> {
+    let (code, out) = cli(config, redis, &["jobs", "--pool", pool, "--json"]);
+    assert_eq!(code, 0, "{out}");
+    let jobs: serde_json::Value = serde_json::from_str(&out).unwrap();
+    jobs.as_array()
+        .unwrap()
+        .iter()
+        .map(|job| (job["key"].as_str().unwrap().to_owned(), job["worker"].as_str().unwrap_or("").to_owned()))
+        .collect()
+}
+
+#[test]
+fn a_killed_host_s_jobs_run_on_the_other_host_and_a_shutdown_stops_it() {
+    let server = RedisServer::start();
+    let redis = Some(server.url());
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &[("echo", ECHO, "workers = 2")], "[node]\nlease_ttl = \"1s\"\n");
+    let mut doomed = Host::start(&config, redis);
+    wait_for_workers(&config, redis, "echo", 2);
+    let survivor = Host::start(&config, redis);
+    wait_for_workers(&config, redis, "echo", 4);
+    for i in 0..20 {
+        assert_eq!(
+            cli(&config, redis, &["dispatch", "--pool", "echo", &format!("job-{i}")]),
+            (0, "started".into())
+        );
+    }
+    let (_, workers) = cli(&config, redis, &["workers", "--pool", "echo", "--json"]);
+    let workers: serde_json::Value = serde_json::from_str(&workers).unwrap();
+    let first_two: Vec<String> =
+        workers.as_array().unwrap().iter().take(2).map(|w| w["id"].as_str().unwrap().to_owned()).collect();
+    assert!(jobs(&config, redis, "echo").iter().any(|(_, worker)| first_two.contains(worker)));
+
+    doomed.child.kill().unwrap();
+    doomed.child.wait().unwrap();
+    eventually("every job runs on the surviving host", || {
+        let jobs = jobs(&config, redis, "echo");
+        jobs.len() == 20 && jobs.iter().all(|(_, worker)| !worker.is_empty() && !first_two.contains(worker))
+    });
+    wait_for_workers(&config, redis, "echo", 2);
+    for i in 0..20 {
+        let (code, out) =
+            cli(&config, redis, &["notify", "--pool", "echo", &format!("job-{i}"), "--payload", "x"]);
+        assert_eq!((code, out.as_str()), (0, "notified"), "job-{i}");
+    }
+
+    let (code, out) = cli(&config, redis, &["shutdown", "--pool", "echo"]);
+    assert_eq!((code, out.as_str()), (0, "shut down; the pool held 20 jobs"));
+    assert_eq!(survivor.wait("the shutdown of its only pool"), 0);
+    assert!(jobs(&config, redis, "echo").is_empty());
+}

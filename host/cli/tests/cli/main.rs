@@ -69,15 +69,21 @@ impl Host {
     }
 
     /// Sends SIGTERM and waits; returns the exit code.
-    pub fn terminate(mut self) -> i32 {
+    pub fn terminate(self) -> i32 {
         let pid = self.child.id().to_string();
         Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        self.wait("SIGTERM")
+    }
+
+    /// Waits until the host exits by itself (after `why`); returns the
+    /// exit code.
+    pub fn wait(mut self, why: &str) -> i32 {
         let deadline = Instant::now() + PATIENCE;
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
                 return status.code().unwrap_or(-1);
             }
-            assert!(Instant::now() < deadline, "the host did not exit after SIGTERM");
+            assert!(Instant::now() < deadline, "the host did not exit after {why}");
             std::thread::sleep(Duration::from_millis(20));
         }
     }

@@ -182,7 +182,12 @@ impl Node {
 
 /// Waits for the pool to shut down; then stops every job of this node's
 /// workers and makes them leave.
-pub(super) async fn on_shutdown(core: Arc<Core>, workers: LocalWorkers, mut shutdown: watch::Receiver<bool>) {
+pub(super) async fn on_shutdown(
+    core: Arc<Core>,
+    workers: LocalWorkers,
+    mut shutdown: watch::Receiver<bool>,
+    stopped: watch::Sender<bool>,
+) {
     if shutdown.wait_for(|down| *down).await.is_err() {
         return; // the node closed first
     }
@@ -194,4 +199,5 @@ pub(super) async fn on_shutdown(core: Arc<Core>, workers: LocalWorkers, mut shut
         }
     }
     tracing::info!(pool = %core.keys.pool, "the pool shuts down: this node's jobs are stopped");
+    stopped.send_replace(true);
 }

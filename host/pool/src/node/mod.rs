@@ -169,6 +169,8 @@ pub struct Node {
     pub(crate) local_workers: LocalWorkers,
     token: CancellationToken,
     tasks: TaskTracker,
+    /// Becomes true once the pool shut down and this node's workers left.
+    stopped: tokio::sync::watch::Receiver<bool>,
 }
 
 impl Node {
@@ -238,16 +240,28 @@ impl Node {
         let tasks = TaskTracker::new();
         replies::start(&core, &token, &tasks).await?;
         let local_workers: LocalWorkers = Arc::default();
+        let (stopped_tx, stopped) = tokio::sync::watch::channel(false);
         if !client_only {
             let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
             let span = tracing::info_span!("pool.lease", node = %core.id);
             tasks.spawn(lease::run(core.clone(), token.clone(), shutdown_tx).instrument(span.clone()));
             tasks.spawn(
-                membership::on_shutdown(core.clone(), local_workers.clone(), shutdown_rx).instrument(span),
+                membership::on_shutdown(core.clone(), local_workers.clone(), shutdown_rx, stopped_tx)
+                    .instrument(span),
             );
         }
         tracing::info!(pool, node = %core.id, client_only, "joined the pool");
-        Ok(Self { core, client_only, local_workers, token, tasks })
+        Ok(Self { core, client_only, local_workers, token, tasks, stopped })
+    }
+
+    /// Waits until the pool shuts down ([`Node::shutdown`], from any node)
+    /// and this node's workers have stopped their jobs and left. Never
+    /// resolves on a client-only node.
+    pub async fn pool_shut_down(&self) {
+        let mut stopped = self.stopped.clone();
+        if stopped.wait_for(|stopped| *stopped).await.is_err() {
+            std::future::pending::<()>().await;
+        }
     }
 
     /// This node's id.

@@ -144,8 +144,9 @@ async fn subscribers_hear_every_change_in_order() {
     drop(second);
     assert_eq!(watcher.subscriber_count(), 1);
     writer.destroy().await.unwrap();
+    let destroyed = tokio::time::timeout(PATIENCE, first.recv()).await.unwrap();
+    assert_eq!(destroyed, Some(MapEvent::Reset), "the destroy");
     watcher.close().await;
-    assert_eq!(first.recv().await, Some(MapEvent::Reset), "the destroy");
     assert_eq!(first.recv().await, None, "closing the map ends its subscriptions");
     writer.close().await;
 }
