@@ -16,17 +16,24 @@
 //!   Options: `--jobs N` (default 20,000), `--redis URL` (default: a
 //!   private `redis-server`).
 //!
+//! - `failover`: two processes with 2 workers each (lease TTL 2 s) run
+//!   1,000 jobs; one is killed with SIGKILL: time until its jobs run
+//!   again, lost and duplicated jobs.
+//! - `rebalance`: 4 workers run 1,000 jobs; a fifth joins, then the first
+//!   leaves: time to settle, jobs moved vs expected, misplaced after
+//!   settling, most and fewest jobs per worker.
+//!
 //! `--quick` runs fewer iterations (a smoke test of the program itself).
 #![allow(clippy::print_stdout, reason = "the program's output is its RESULT lines")]
 
 mod dispatch;
+mod membership;
 mod report;
 mod runtime;
 
 use std::process::ExitCode;
 
-const USAGE: &str =
-    "usage: pulse-bench SCENARIO [--quick] [--jobs N] [--redis URL]\nscenarios: runtime, dispatch";
+const USAGE: &str = "usage: pulse-bench SCENARIO [--quick] [--jobs N] [--redis URL]\nscenarios: runtime, dispatch, failover, rebalance";
 
 /// Parsed command line.
 #[derive(Debug)]
@@ -37,12 +44,17 @@ pub struct Args {
     pub jobs: Option<usize>,
     /// `--redis URL`.
     pub redis: Option<String>,
+    /// `--pool NAME` (worker processes).
+    pub pool: Option<String>,
+    /// `--workers N` (worker processes).
+    pub workers: Option<usize>,
     /// Everything else, in order.
     pub rest: Vec<String>,
 }
 
 fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
-    let mut parsed = Args { quick: false, jobs: None, redis: None, rest: Vec::new() };
+    let mut parsed =
+        Args { quick: false, jobs: None, redis: None, pool: None, workers: None, rest: Vec::new() };
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--quick" => parsed.quick = true,
@@ -52,6 +64,13 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
                     Some(value.parse().map_err(|_| format!("--jobs takes a whole number, got {value:?}"))?);
             }
             "--redis" => parsed.redis = Some(args.next().ok_or("--redis needs a URL")?),
+            "--pool" => parsed.pool = Some(args.next().ok_or("--pool needs a name")?),
+            "--workers" => {
+                let value = args.next().ok_or("--workers needs a number")?;
+                parsed.workers = Some(
+                    value.parse().map_err(|_| format!("--workers takes a whole number, got {value:?}"))?,
+                );
+            }
             other if other.starts_with("--") => return Err(format!("unknown option {other}")),
             _ => parsed.rest.push(arg),
         }
@@ -77,6 +96,10 @@ fn main() -> ExitCode {
         "dispatch" => dispatch::run(&args),
         // The worker process the dispatch scenario spawns.
         dispatch::SERVE_WORKERS => dispatch::serve_workers(&args),
+        "failover" => membership::failover(&args),
+        "rebalance" => membership::rebalance(&args),
+        // The worker processes of the failover scenario.
+        membership::SERVE_COUNTING => membership::serve_counting(&args),
         other => {
             eprintln!("pulse-bench: unknown scenario {other:?}\n{USAGE}");
             return ExitCode::from(2);

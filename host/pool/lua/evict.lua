@@ -12,7 +12,7 @@
 --
 -- Evicts a worker in one step: its slot (swap-removed), its entry and its
 -- lease go; each job it owned is queued for its next worker with the
--- unprocessed tail of the inbox (a worker trims each entry it processed)
+-- unprocessed entries of the inbox (a worker deletes each entry it processed)
 -- moved, in order and ahead of anything held since, into the job's held
 -- events. The expiry is checked here, on Redis time: eviction needs the
 -- lease expired by more than the grace, by which time the worker fenced

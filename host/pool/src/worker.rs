@@ -6,7 +6,7 @@
 //! event whose sequence number was already seen, is not handed to the
 //! handler again.
 //!
-//! Each processed entry is trimmed from the inbox in the same round trip as
+//! Each processed entry is deleted from the inbox in the same round trip as
 //! its answers, so what an inbox holds is exactly what its worker has not
 //! processed: eviction moves that tail to the jobs' next worker.
 //!
@@ -178,7 +178,7 @@ struct Worker<H> {
     /// A handler call was due while the lease may have ended: nothing more
     /// is called until the worker has joined again.
     lost: bool,
-    /// Answers to send with the trim of the entry being processed.
+    /// Answers to send with the deletion of the entry being processed.
     outbox: Vec<Outgoing>,
     inbox_key: String,
     handler: H,
@@ -826,8 +826,8 @@ impl<H: JobHandler> Worker<H> {
         });
     }
 
-    /// Sends the answers waiting in the outbox and, with `processed`, trims
-    /// that entry (and any before it) from the inbox: one round trip.
+    /// Sends the answers waiting in the outbox and, with `processed`,
+    /// deletes that entry from the inbox: one round trip.
     async fn flush(&mut self, processed: Option<&str>) {
         if self.outbox.is_empty() && processed.is_none() {
             return;
@@ -849,20 +849,16 @@ impl<H: JobHandler> Worker<H> {
                 .ignore();
         }
         if let Some(id) = processed {
-            pipe.cmd("XTRIM").arg(&self.inbox_key).arg("MINID").arg(next_id(id)).ignore();
+            // XDEL, not XTRIM MINID: an exact trim scans the head node of
+            // the stream on every call; deleting one entry is a lookup.
+            pipe.cmd("XDEL").arg(&self.inbox_key).arg(id).ignore();
         }
         let mut conn = self.core.conn.clone();
         let sent: redis::RedisResult<()> = pipe.query_async(&mut conn).await;
         if let Err(error) = sent {
-            tracing::warn!(error = %error, "failed to answer or trim the inbox");
+            tracing::warn!(error = %error, "failed to answer or to delete the entry from the inbox");
         }
     }
-}
-
-/// The smallest stream id after `id`: trimming to it removes `id`.
-fn next_id(id: &str) -> String {
-    let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
-    format!("{ms}-{}", seq.parse::<u64>().unwrap_or(0).saturating_add(1))
 }
 
 /// Whether stream id `a` comes after `b`.

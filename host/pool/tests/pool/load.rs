@@ -145,7 +145,7 @@ async fn a_dispatch_costs_the_same_few_commands_at_1000_and_50000_jobs() {
     let sent = busy.saturating_sub(idle) as f64 / TRIPS as f64;
     eprintln!("{sent:.3} commands sent per dispatch in 4 round trips ({busy} busy, {idle} idle)");
     // Four round trips: the dispatch script, the worker's read, its answer
-    // pipelined with the trim of the processed entry (two commands in
+    // pipelined with the deletion of the processed entry (two commands in
     // MONITOR), the dispatcher's read.
     assert!(sent <= 5.02, "commands sent per dispatch: {sent:.3}");
     assert!(

@@ -1,0 +1,298 @@
+//! The `failover` and `rebalance` scenarios: what membership changes cost.
+//!
+//! Handlers count their starts and stops per key in Redis (one hash per
+//! process), so the figures say how many runs each job has: lost (none),
+//! duplicated (more than one), moved (started again).
+//!
+//! - `failover`: two processes with 2 workers each (lease TTL 2 s) run
+//!   1,000 jobs; one is killed with SIGKILL. Reported: the time until
+//!   every job of the killed process runs again, lost and duplicated jobs.
+//!   Target: at most TTL + grace (a fifth of the TTL) + 1 s.
+//! - `rebalance`: 4 workers run 1,000 jobs; a fifth joins, then the first
+//!   leaves. Reported per change: the time until every job runs on its
+//!   slot's worker, jobs moved vs the jobs whose slot owner changed,
+//!   misplaced jobs after settling, most and fewest jobs per worker.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{BufRead as _, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pulse_pool::{DispatchOutcome, HandlerError, Job, JobContext, JobHandler, JobState, Node, NodeOptions};
+
+use crate::Args;
+use crate::report;
+
+type BenchResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
+
+/// The hidden scenario name of a counting worker process.
+pub const SERVE_COUNTING: &str = "serve-counting";
+const JOBS: usize = 1_000;
+const LEASE_TTL: Duration = Duration::from_secs(2);
+/// How long a change may take before the scenario gives up on it.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// Counts live runs per key in `pulse-bench:{pool}:runs:<pid>`, and all
+/// starts in `pulse-bench:{pool}:starts`.
+#[derive(Clone)]
+struct Counting {
+    conn: redis::aio::MultiplexedConnection,
+    runs: String,
+    starts: String,
+}
+
+impl Counting {
+    async fn new(client: &redis::Client, pool: &str) -> BenchResult<Self> {
+        let conn = client.get_multiplexed_async_connection().await?;
+        Ok(Self { conn, runs: runs_key(pool, std::process::id()), starts: starts_key(pool) })
+    }
+
+    async fn count(&self, key: &str, delta: i64) -> Result<(), HandlerError> {
+        let mut conn = self.conn.clone();
+        let mut pipe = redis::pipe();
+        pipe.hincr(&self.runs, key, delta).ignore();
+        if delta > 0 {
+            pipe.incr(&self.starts, 1).ignore();
+        }
+        pipe.query_async::<()>(&mut conn).await.map_err(|error| HandlerError::Retryable(error.to_string()))
+    }
+}
+
+fn runs_key(pool: &str, pid: u32) -> String {
+    format!("pulse-bench:{{{pool}}}:runs:{pid}")
+}
+
+fn starts_key(pool: &str) -> String {
+    format!("pulse-bench:{{{pool}}}:starts")
+}
+
+impl JobHandler for Counting {
+    async fn start(&self, job: Job, _ctx: JobContext) -> Result<(), HandlerError> {
+        self.count(&job.key, 1).await
+    }
+    async fn stop(&self, key: &str) -> Result<(), HandlerError> {
+        self.count(key, -1).await
+    }
+    async fn notify(&self, _key: &str, _payload: Vec<u8>, _seq: u64) -> Result<(), HandlerError> {
+        Ok(())
+    }
+    async fn abandon(&self, key: &str) {
+        let _ = self.count(key, -1).await;
+    }
+}
+
+/// Live runs per key in process `pid`.
+async fn runs(
+    conn: &mut redis::aio::MultiplexedConnection,
+    pool: &str,
+    pid: u32,
+) -> BenchResult<HashMap<String, i64>> {
+    Ok(redis::cmd("HGETALL").arg(runs_key(pool, pid)).query_async(conn).await?)
+}
+
+fn options() -> NodeOptions {
+    NodeOptions { lease_ttl: LEASE_TTL, reply_timeout: Duration::from_secs(30), ..NodeOptions::default() }
+}
+
+/// A process of counting workers (this program as `serve-counting`).
+struct Process(Child);
+
+impl Process {
+    fn spawn(url: &str, pool: &str, workers: usize) -> BenchResult<Self> {
+        let mut child = Command::new(std::env::current_exe()?)
+            .args([SERVE_COUNTING, "--redis", url, "--pool", pool, "--workers", &workers.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()?;
+        let mut ready = String::new();
+        BufReader::new(child.stdout.take().ok_or("no stdout")?).read_line(&mut ready)?;
+        if ready.trim() != "ready" {
+            return Err(format!("the worker process did not start: {ready:?}").into());
+        }
+        Ok(Self(child))
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        drop(self.0.stdin.take());
+        let _ = self.0.wait();
+    }
+}
+
+/// The worker process: counting workers until its stdin closes.
+pub fn serve_counting(args: &Args) -> BenchResult {
+    let url = args.redis.clone().ok_or("serve-counting needs --redis")?;
+    let pool = args.pool.clone().ok_or("serve-counting needs --pool")?;
+    let workers = args.workers.ok_or("serve-counting needs --workers")?;
+    let tokio = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    tokio.block_on(async {
+        let client = redis::Client::open(url.as_str())?;
+        let node = Node::join(&client, &pool, options()).await?;
+        let handler = Counting::new(&client, &pool).await?;
+        for _ in 0..workers {
+            node.add_worker(handler.clone()).await?;
+        }
+        println!("ready");
+        tokio::task::spawn_blocking(|| {
+            let mut sink = Vec::new();
+            let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);
+        })
+        .await?;
+        node.close().await;
+        Ok(())
+    })
+}
+
+async fn dispatch_all(node: &Arc<Node>, jobs: usize) -> BenchResult {
+    let mut lanes = Vec::new();
+    for lane in 0..32 {
+        let node = node.clone();
+        lanes.push(tokio::spawn(async move {
+            for i in (lane..jobs).step_by(32) {
+                match node.dispatch(&format!("job-{i}"), b"").await {
+                    Ok(DispatchOutcome::Started) => {}
+                    other => return Err(format!("job-{i}: {other:?}")),
+                }
+            }
+            Ok(())
+        }));
+    }
+    for lane in lanes {
+        lane.await??;
+    }
+    Ok(())
+}
+
+/// Slot -> worker, and job -> worker, as Redis has them now.
+async fn placement(node: &Node) -> BenchResult<(BTreeMap<u32, String>, HashMap<String, String>)> {
+    let slots = node.workers().await?.into_iter().filter_map(|w| Some((w.slot?, w.id))).collect();
+    let jobs = node
+        .jobs()
+        .await?
+        .into_iter()
+        .filter(|job| job.state == JobState::Running)
+        .filter_map(|job| Some((job.key, job.worker?)))
+        .collect();
+    Ok((slots, jobs))
+}
+
+fn owner<'a>(slots: &'a BTreeMap<u32, String>, key: &str) -> &'a str {
+    let count = u32::try_from(slots.len()).unwrap_or(u32::MAX);
+    slots.get(&pulse_pool::hash::slot_of(key, count)).map_or("", String::as_str)
+}
+
+pub fn failover(args: &Args) -> BenchResult {
+    let jobs = args.jobs.unwrap_or(if args.quick { 200 } else { JOBS });
+    let server = pulse_testkit::RedisServer::start();
+    let url = server.url().to_owned();
+    let pool = "failover";
+    let mut doomed = Process::spawn(&url, pool, 2)?;
+    let survivor = Process::spawn(&url, pool, 2)?;
+    let tokio = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    tokio.block_on(async {
+        let client = redis::Client::open(url.as_str())?;
+        let node = Arc::new(Node::client(&client, pool, options()).await?);
+        let mut conn = client.get_multiplexed_async_connection().await?;
+        dispatch_all(&node, jobs).await?;
+        let doomed_pid = doomed.0.id();
+        let on_doomed = runs(&mut conn, pool, doomed_pid).await?.values().filter(|n| **n > 0).count();
+        let killed = Instant::now();
+        doomed.0.kill()?;
+        doomed.0.wait()?;
+        // Until every job has exactly one run on the survivor.
+        let survivor_pid = survivor.0.id();
+        let deadline = killed + PATIENCE;
+        let (recovered, lost, duplicated) = loop {
+            let live = runs(&mut conn, pool, survivor_pid).await?;
+            let running = live.values().filter(|n| **n == 1).count();
+            let duplicated = live.values().filter(|n| **n > 1).count();
+            if running == jobs || Instant::now() > deadline {
+                break (killed.elapsed(), jobs - running - duplicated, duplicated);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        let target = LEASE_TTL + LEASE_TTL / 5 + Duration::from_secs(1);
+        report::Result::new("failover")
+            .field("jobs", jobs)
+            .field("jobs_on_killed", on_doomed)
+            .millis("lease_ttl_ms", LEASE_TTL)
+            .millis("recovered_ms", recovered)
+            .millis("target_ms", target)
+            .field("lost", lost)
+            .field("duplicated", duplicated)
+            .print();
+        node.shutdown(PATIENCE).await?;
+        node.close().await;
+        Ok::<_, Box<dyn std::error::Error>>(())
+    })?;
+    drop(survivor);
+    Ok(())
+}
+
+pub fn rebalance(args: &Args) -> BenchResult {
+    let jobs = args.jobs.unwrap_or(if args.quick { 200 } else { JOBS });
+    let server = pulse_testkit::RedisServer::start();
+    let tokio = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    tokio.block_on(async {
+        let client = redis::Client::open(server.url())?;
+        let pool = "rebalance";
+        let node = Arc::new(Node::join(&client, pool, options()).await?);
+        let handler = Counting::new(&client, pool).await?;
+        for _ in 0..4 {
+            node.add_worker(handler.clone()).await?;
+        }
+        let mut conn = client.get_multiplexed_async_connection().await?;
+        dispatch_all(&node, jobs).await?;
+        for change in ["join", "leave-first"] {
+            let (_, before) = placement(&node).await?;
+            let starts_before = starts(&mut conn, pool).await?;
+            let began = Instant::now();
+            if change == "join" {
+                node.add_worker(handler.clone()).await?;
+            } else {
+                node.remove_worker("w1").await?;
+            }
+            let deadline = began + PATIENCE;
+            let (settled, slots, after) = loop {
+                let (slots, after) = placement(&node).await?;
+                let live = runs(&mut conn, pool, std::process::id()).await?;
+                let placed = after.len() == jobs
+                    && after.iter().all(|(key, worker)| owner(&slots, key) == worker)
+                    && live.values().filter(|n| **n == 1).count() == jobs;
+                if placed || Instant::now() > deadline {
+                    break (began.elapsed(), slots, after);
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            };
+            let moved = starts(&mut conn, pool).await? - starts_before;
+            let expected = before.keys().filter(|key| owner(&slots, key) != before[*key]).count();
+            let misplaced = after.iter().filter(|(key, worker)| owner(&slots, key) != *worker).count();
+            let mut per_worker: HashMap<&str, usize> = slots.values().map(|w| (w.as_str(), 0)).collect();
+            for worker in after.values() {
+                *per_worker.entry(worker).or_default() += 1;
+            }
+            report::Result::new("rebalance")
+                .field("change", change)
+                .field("jobs", jobs)
+                .field("workers_after", slots.len())
+                .millis("settle_ms", settled)
+                .field("moved", moved)
+                .field("expected_moves", expected)
+                .field("misplaced", misplaced)
+                .field("max_per_worker", per_worker.values().max().copied().unwrap_or(0))
+                .field("min_per_worker", per_worker.values().min().copied().unwrap_or(0))
+                .print();
+        }
+        node.shutdown(PATIENCE).await?;
+        node.close().await;
+        Ok(())
+    })
+}
+
+/// Starts so far, in every process of the pool.
+async fn starts(conn: &mut redis::aio::MultiplexedConnection, pool: &str) -> BenchResult<usize> {
+    let starts: Option<usize> = redis::cmd("GET").arg(starts_key(pool)).query_async(conn).await?;
+    Ok(starts.unwrap_or(0))
+}
