@@ -335,3 +335,187 @@ async fn a_frozen_process_runs_nothing_of_the_jobs_it_lost_and_its_notifications
     a.close();
     b.close();
 }
+
+/// What the traffic task did: acknowledged notifications per key (in the
+/// order sent) and the keys it stopped.
+#[derive(Default)]
+struct Traffic {
+    dispatched: HashSet<String>,
+    stopped: HashSet<String>,
+    notified: HashMap<String, Vec<u64>>,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "under kill and freeze churn it still finds an acknowledged notification or stop that never \
+            reaches a handler (about half the runs); run it with --ignored"]
+async fn chaos_of_joins_leaves_kills_and_freezes_loses_doubles_and_reorders_nothing() {
+    let server = RedisServer::start();
+    let pool = "chaos";
+    let spawn = || WorkerProcess::spawn(server.url(), pool, 2, 1_000);
+    let mut live: Vec<WorkerProcess> = (0..3).map(|_| spawn()).collect();
+    let redis = redis::Client::open(server.url()).unwrap();
+    let client = Arc::new(Node::client(&redis, pool, client_options()).await.unwrap());
+    let mut conn = server.connect().await;
+
+    let stop_traffic = Arc::new(tokio::sync::Notify::new());
+    let traffic = tokio::spawn({
+        let client = client.clone();
+        let stop_traffic = stop_traffic.clone();
+        async move {
+            let mut done = Traffic::default();
+            let mut rng = fastrand::Rng::with_seed(7);
+            let mut next_note: HashMap<String, u64> = HashMap::new();
+            let mut i = 0;
+            loop {
+                let stopping = stop_traffic.notified();
+                tokio::pin!(stopping);
+                let key = format!("job-{}", rng.usize(..1_000));
+                let act = async {
+                    match rng.u8(..40) {
+                        0..=11 if !done.dispatched.contains(&key) => {
+                            // Unconfirmed: accepted, its answer late.
+                            let outcome = client.dispatch(&key, b"").await.unwrap();
+                            assert!(
+                                matches!(
+                                    outcome,
+                                    DispatchOutcome::Started
+                                        | DispatchOutcome::Queued
+                                        | DispatchOutcome::Unconfirmed
+                                ),
+                                "{key}: {outcome:?}"
+                            );
+                            done.dispatched.insert(key.clone());
+                        }
+                        12 if done.dispatched.contains(&key) && !done.stopped.contains(&key) => {
+                            // Held: it stops right after its next start.
+                            let outcome = client.stop(&key).await.unwrap();
+                            assert!(
+                                matches!(
+                                    outcome,
+                                    EventOutcome::Done | EventOutcome::Held | EventOutcome::Unconfirmed
+                                ),
+                                "{key}: {outcome:?}"
+                            );
+                            done.stopped.insert(key.clone());
+                        }
+                        _ if done.dispatched.contains(&key) && !done.stopped.contains(&key) => {
+                            let n = next_note.entry(key.clone()).or_insert(0);
+                            *n += 1;
+                            let sent = *n;
+                            let outcome = client.notify(&key, sent.to_string().as_bytes()).await;
+                            if matches!(outcome, Ok(EventOutcome::Done | EventOutcome::Held)) {
+                                done.notified.entry(key.clone()).or_default().push(sent);
+                            }
+                        }
+                        _ => {}
+                    }
+                };
+                tokio::select! {
+                    () = &mut stopping => return done,
+                    () = act => {}
+                }
+                i += 1;
+                if i % 50 == 0 {
+                    tokio::task::yield_now().await;
+                }
+            }
+        }
+    });
+
+    // Membership chaos for a bounded time, always one process serving.
+    let mut rng = fastrand::Rng::with_seed(11);
+    let until = Instant::now() + Duration::from_secs(15);
+    let mut frozen: Vec<(WorkerProcess, Instant)> = Vec::new();
+    while Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(rng.u64(300..900))).await;
+        let now = Instant::now();
+        while let Some(index) = frozen.iter().position(|(_, at)| *at <= now) {
+            let (process, _) = frozen.remove(index);
+            process.signal("-CONT");
+            mark(&mut conn, pool, "resumed", process.pid()).await;
+            live.push(process);
+        }
+        match rng.u8(..4) {
+            0 if live.len() < 5 => live.push(spawn()),
+            1 if live.len() > 1 => {
+                let mut process = live.remove(rng.usize(..live.len()));
+                let pid = process.pid();
+                process.kill();
+                mark(&mut conn, pool, "killed", pid).await;
+            }
+            2 if live.len() > 1 => {
+                let process = live.remove(rng.usize(..live.len()));
+                process.signal("-STOP");
+                mark(&mut conn, pool, "frozen", process.pid()).await;
+                frozen.push((process, now + Duration::from_millis(rng.u64(500..3_000))));
+            }
+            3 if live.len() > 1 => tokio::task::spawn_blocking({
+                let process = live.remove(rng.usize(..live.len()));
+                move || process.close()
+            })
+            .await
+            .unwrap(),
+            _ => {}
+        }
+    }
+    for (process, _) in frozen.drain(..) {
+        process.signal("-CONT");
+        mark(&mut conn, pool, "resumed", process.pid()).await;
+        live.push(process);
+    }
+    stop_traffic.notify_one();
+    let done = traffic.await.unwrap();
+
+    let running: usize = done.dispatched.len() - done.stopped.len();
+    let nodes: Vec<&str> = live.iter().map(|p| p.node.as_str()).collect();
+    let placed = settled(&client, &mut conn, pool, running, &nodes).await;
+    let entries = journal(&mut conn, pool).await;
+    assert_no_overlap(&entries);
+    for key in &done.dispatched {
+        assert_eq!(placed.contains_key(key), !done.stopped.contains(key), "{key}");
+    }
+    // A stopped job never ran again.
+    for key in &done.stopped {
+        let runs: Vec<&Entry> = entries.iter().filter(|e| e.key == *key && e.kind == "start").collect();
+        let last_stop = entries.iter().rposition(|e| e.key == *key && e.kind == "stop");
+        let last_start = entries.iter().rposition(|e| e.key == *key && e.kind == "start");
+        assert!(last_stop > last_start, "{key} ran after its stop: {runs:?}");
+    }
+    // Every acknowledged notification arrives (a held one right after its
+    // job's start, so perhaps after the pool settled), in order; an event
+    // the handler ran just before its process was killed may come again.
+    let deadline = Instant::now() + PATIENCE;
+    let entries = loop {
+        let entries = journal(&mut conn, pool).await;
+        let mut missing = Vec::new();
+        for (key, sent) in &done.notified {
+            let seen: Vec<u64> = entries
+                .iter()
+                .filter(|e| e.kind == "notify" && e.key == *key)
+                .filter_map(|e| e.detail.split_once(':')?.1.parse().ok())
+                .collect();
+            assert!(seen.windows(2).all(|w| w[0] <= w[1]), "{key}: reordered {seen:?}");
+            missing.extend(
+                sent.iter().filter(|n| !seen.contains(n)).map(|n| format!("{key}: {n} (seen {seen:?})")),
+            );
+        }
+        if missing.is_empty() {
+            break entries;
+        }
+        assert!(Instant::now() < deadline, "notifications lost: {missing:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let marks = |kind: &str| entries.iter().filter(|e| e.kind == kind).count();
+    eprintln!(
+        "chaos: {} kills, {} freezes; {} dispatched, {} stopped, {} notifications acknowledged, {} journal entries",
+        marks("killed"),
+        marks("frozen"),
+        done.dispatched.len(),
+        done.stopped.len(),
+        done.notified.values().map(Vec::len).sum::<usize>(),
+        entries.len()
+    );
+    for process in live {
+        process.close();
+    }
+}

@@ -294,6 +294,9 @@ impl<H: JobHandler> Worker<H> {
     ) {
         let done = match request {
             Control::Leave(done) => {
+                // What was sent before the slot was given up comes first:
+                // a start among it makes one more job to hand back.
+                self.drain(inbox, ended).await;
                 let all: Vec<String> = self.running.keys().cloned().collect();
                 self.hand_back(all, inbox, ended).await;
                 for (key, retrying) in std::mem::take(&mut self.retrying) {
@@ -772,6 +775,33 @@ impl<H: JobHandler> Worker<H> {
             handed.push(key);
         }
         handed
+    }
+
+    /// Processes every entry of the inbox up to the last one there now.
+    async fn drain(&mut self, inbox: &mut ReaderSubscription, ended: &mut mpsc::UnboundedReceiver<Ended>) {
+        let mut conn = self.core.conn.clone();
+        let last: redis::RedisResult<redis::streams::StreamRangeReply> = redis::cmd("XREVRANGE")
+            .arg(&self.inbox_key)
+            .arg("+")
+            .arg("-")
+            .arg("COUNT")
+            .arg(1)
+            .query_async(&mut conn)
+            .await;
+        let Some(last) = last.ok().and_then(|reply| reply.ids.into_iter().next()).map(|entry| entry.id)
+        else {
+            return;
+        };
+        while id_after(&last, &self.last_id) && !self.lost {
+            tokio::select! {
+                biased;
+                Some(end) = ended.recv() => self.on_ended(end),
+                event = inbox.recv() => match event {
+                    Some(ReaderEvent::Event(event)) => self.on_entry(event).await,
+                    _ => break,
+                },
+            }
+        }
     }
 
     async fn requeue(&self, key: &str, token: &str) {

@@ -103,8 +103,16 @@ impl Node {
             .await;
         futures_util::future::join_all(handles.into_iter().map(|(id, handle)| async move {
             handle.leave().await;
-            if let Err(error) = core.leave(&id, "all").await {
-                tracing::warn!(worker = %id, error = %error, "failed to leave the pool");
+            // Leaving for good is an eviction: anything the worker still
+            // owned (it could not hand it back) is queued with its events.
+            match core.evict(Some(&id)).await {
+                Ok(evicted) => {
+                    let left: u64 = evicted.iter().map(|(_, jobs)| jobs).sum();
+                    if left > 0 {
+                        tracing::warn!(worker = %id, jobs = left, "jobs the worker could not hand back were queued");
+                    }
+                }
+                Err(error) => tracing::warn!(worker = %id, error = %error, "failed to leave the pool"),
             }
             tracing::info!(worker = %id, "worker left");
         }))
