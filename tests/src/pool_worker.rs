@@ -30,11 +30,19 @@ impl Journal {
     async fn write(&self, kind: &str, key: &str, detail: &str) {
         let (token, worker) = self.runs.lock().expect("not poisoned").get(key).cloned().unwrap_or_default();
         let entry = format!("{kind}|{key}|{token}|{worker}|{}|{detail}", std::process::id());
+        // The journal is the tests' evidence: an entry is never dropped
+        // (a write can time out right after the process was frozen).
         let mut conn = self.conn.clone();
-        let written: redis::RedisResult<()> =
-            redis::cmd("RPUSH").arg(&self.key).arg(entry).query_async(&mut conn).await;
-        if let Err(error) = written {
-            tracing::error!(error = %error, "failed to write the journal");
+        loop {
+            let written: redis::RedisResult<()> =
+                redis::cmd("RPUSH").arg(&self.key).arg(&entry).query_async(&mut conn).await;
+            match written {
+                Ok(()) => return,
+                Err(error) => {
+                    tracing::warn!(error = %error, "failed to write the journal; trying again");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
         }
     }
 }
