@@ -145,7 +145,8 @@ fn jobs(config: &std::path::Path, redis: Option<&str>, pool: &str) -> Vec<(Strin
 }
 
 #[test]
-fn a_killed_host_s_jobs_run_on_the_other_host_and_a_shutdown_stops_it() {
+fn a_killed_host_s_jobs_run_on_the_other_host_once_it_rejoins_they_spread_and_a_shutdown_stops_both() {
+    const JOBS: usize = 200;
     let server = RedisServer::start();
     let redis = Some(server.url());
     let dir = tempfile::tempdir().unwrap();
@@ -154,33 +155,52 @@ fn a_killed_host_s_jobs_run_on_the_other_host_and_a_shutdown_stops_it() {
     wait_for_workers(&config, redis, "echo", 2);
     let survivor = Host::start(&config, redis);
     wait_for_workers(&config, redis, "echo", 4);
-    for i in 0..20 {
-        assert_eq!(
-            cli(&config, redis, &["dispatch", "--pool", "echo", &format!("job-{i}")]),
-            (0, "started".into())
-        );
-    }
+    let batch = dir.path().join("jobs.jsonl");
+    let lines: Vec<String> = (0..JOBS).map(|i| format!("{{\"key\": \"job-{i}\"}}")).collect();
+    std::fs::write(&batch, lines.join("\n")).unwrap();
+    let (code, out) =
+        cli(&config, redis, &["dispatch", "--pool", "echo", "--from-file", batch.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}");
     let (_, workers) = cli(&config, redis, &["workers", "--pool", "echo", "--json"]);
     let workers: serde_json::Value = serde_json::from_str(&workers).unwrap();
     let first_two: Vec<String> =
         workers.as_array().unwrap().iter().take(2).map(|w| w["id"].as_str().unwrap().to_owned()).collect();
-    assert!(jobs(&config, redis, "echo").iter().any(|(_, worker)| first_two.contains(worker)));
+    let listed = jobs(&config, redis, "echo");
+    assert_eq!(listed.len(), JOBS);
+    assert!(listed.iter().any(|(_, worker)| first_two.contains(worker)), "spread over both hosts");
 
     doomed.child.kill().unwrap();
     doomed.child.wait().unwrap();
     eventually("every job runs on the surviving host", || {
         let jobs = jobs(&config, redis, "echo");
-        jobs.len() == 20 && jobs.iter().all(|(_, worker)| !worker.is_empty() && !first_two.contains(worker))
+        jobs.len() == JOBS && jobs.iter().all(|(_, worker)| !worker.is_empty() && !first_two.contains(worker))
     });
     wait_for_workers(&config, redis, "echo", 2);
-    for i in 0..20 {
+    // Each job runs once: one notification each, echoed once each.
+    for i in 0..JOBS {
         let (code, out) =
             cli(&config, redis, &["notify", "--pool", "echo", &format!("job-{i}"), "--payload", "x"]);
         assert_eq!((code, out.as_str()), (0, "notified"), "job-{i}");
     }
+    let (code, events) = cli(&config, redis, &["events", "--pool", "echo"]);
+    assert_eq!(code, 0);
+    for i in 0..JOBS {
+        let echoed = events.lines().filter(|line| line.ends_with(&format!(" job-{i}: x"))).count();
+        assert_eq!(echoed, 1, "job-{i}: {echoed} echoes of its notification");
+    }
+
+    // The killed host comes back: the pool rebalances over both.
+    let back = Host::start(&config, redis);
+    wait_for_workers(&config, redis, "echo", 4);
+    eventually("jobs run on both hosts again", || {
+        let jobs = jobs(&config, redis, "echo");
+        let workers: std::collections::HashSet<&str> = jobs.iter().map(|(_, w)| w.as_str()).collect();
+        jobs.len() == JOBS && workers.len() == 4
+    });
 
     let (code, out) = cli(&config, redis, &["shutdown", "--pool", "echo"]);
-    assert_eq!((code, out.as_str()), (0, "shut down; the pool held 20 jobs"));
+    assert_eq!((code, out.as_str()), (0, "shut down; the pool held 200 jobs"));
     assert_eq!(survivor.wait("the shutdown of its only pool"), 0);
+    assert_eq!(back.wait("the shutdown of its only pool"), 0);
     assert!(jobs(&config, redis, "echo").is_empty());
 }
