@@ -375,14 +375,8 @@ impl<H: JobHandler> Worker<H> {
                     Err(error) => tracing::warn!(error = %error, "failed to evict itself; trying again"),
                 }
             }
-            tokio::select! {
-                Some(request) = control.recv() => {
-                    let (Control::Leave(done) | Control::ShutDown(done)) = request;
-                    let _ = done.send(());
-                    return None;
-                }
-                changed = renewals.changed() => if changed.is_err() { return None },
-                () = pause() => {}
+            if !wait_or_end(control, Some(&mut renewals)).await {
+                return None;
             }
         }
         self.join_again(control).await
@@ -422,13 +416,8 @@ impl<H: JobHandler> Worker<H> {
                 Err(crate::Error::ShuttingDown(_)) => return None,
                 Err(error) => tracing::warn!(error = %error, "failed to join again; trying again"),
             }
-            tokio::select! {
-                Some(request) = control.recv() => {
-                    let (Control::Leave(done) | Control::ShutDown(done)) = request;
-                    let _ = done.send(());
-                    return None;
-                }
-                () = pause() => {}
+            if !wait_or_end(control, None).await {
+                return None;
             }
         }
     }
@@ -907,7 +896,28 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
-/// A short, jittered pause between attempts to evict itself or join again.
-async fn pause() {
-    tokio::time::sleep(std::time::Duration::from_millis(200 + fastrand::u64(..300))).await;
+/// Between attempts to evict itself or join again: a short, jittered
+/// pause, cut short by the node's next renewal when `renewals` is given.
+/// False when the node asks the worker to end meanwhile (the request is
+/// answered) or the node is gone.
+async fn wait_or_end(
+    control: &mut mpsc::UnboundedReceiver<Control>,
+    renewals: Option<&mut watch::Receiver<u64>>,
+) -> bool {
+    let renewed = async {
+        match renewals {
+            Some(renewals) => renewals.changed().await.is_ok(),
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        request = control.recv() => {
+            if let Some(Control::Leave(done) | Control::ShutDown(done)) = request {
+                let _ = done.send(());
+            }
+            false
+        }
+        alive = renewed => alive,
+        () = tokio::time::sleep(std::time::Duration::from_millis(200 + fastrand::u64(..300))) => true,
+    }
 }
