@@ -7,7 +7,8 @@
 //! node (handing its jobs back) when its standard input ends.
 //!
 //! Journal entries (list `pulse-test:{pool}:journal`), one per call:
-//! `kind|key|token|worker|pid|detail` where kind is `start` (detail:
+//! `kind|key|token|worker|pid|detail|#n` (n numbers the process's entries:
+//! a write retried after a timeout may appear twice) where kind is `start` (detail:
 //! `requeued`), `stop`, `notify` (detail: `seq:payload`) or `drop` (the
 //! worker lost its lease and dropped the job without calling it).
 
@@ -24,12 +25,17 @@ struct Journal {
     key: String,
     /// The token and worker of each job this process runs.
     runs: Arc<Mutex<HashMap<String, (String, String)>>>,
+    /// Entries written so far.
+    written: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Journal {
     async fn write(&self, kind: &str, key: &str, detail: &str) {
         let (token, worker) = self.runs.lock().expect("not poisoned").get(key).cloned().unwrap_or_default();
-        let entry = format!("{kind}|{key}|{token}|{worker}|{}|{detail}", std::process::id());
+        // A number unique in the process: a write retried after a timeout
+        // (it may have gone through) is recognisable as the same entry.
+        let n = self.written.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let entry = format!("{kind}|{key}|{token}|{worker}|{}|{detail}|#{n}", std::process::id());
         // The journal is the tests' evidence: an entry is never dropped
         // (a write can time out right after the process was frozen).
         let mut conn = self.conn.clone();
@@ -88,6 +94,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         conn: client.get_multiplexed_async_connection().await?,
         key: format!("pulse-test:{{{pool}}}:journal"),
         runs: Arc::default(),
+        written: Arc::default(),
     };
     for _ in 0..workers.parse::<usize>()? {
         // One handler shared by the process's workers: the journal is one.

@@ -12,8 +12,8 @@
 --
 -- Sends a stop or notification to the job's owner with the next sequence
 -- number, or, when the job waits for a worker, holds it in order to be
--- delivered after its start. A stop of a job that waits is immediate: it
--- never started. Atomic, so an event is never routed to an owner that
+-- delivered after its start. A stop of a job that waits, with nothing held
+-- before it, is immediate. Atomic, so an event is never routed to an owner that
 -- changed in between, and never lost between "held" and "sent".
 local jobs, record, held = KEYS[1], KEYS[2], KEYS[3]
 local kind, key = ARGV[1], ARGV[2]
@@ -28,7 +28,10 @@ if job.state == 'moving' then
   return {'held'}
 end
 if job.state == 'queued' then
-  if kind == 'stop' then
+  -- A stop of a waiting job is immediate unless events wait before it:
+  -- then it waits too, so they reach the handler first (start, the
+  -- events, then the stop, as they were sent).
+  if kind == 'stop' and redis.call('LLEN', held) == 0 then
     redis.call('HDEL', jobs, key)
     redis.call('DEL', record, held)
     redis.call('SREM', KEYS[5], key)

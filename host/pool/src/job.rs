@@ -133,7 +133,8 @@ pub enum EventOutcome {
     /// The handler was called and returned `Ok` (a stop: the job is gone).
     Done,
     /// The job waits for a worker: the event is held, in order, for after
-    /// its start. (A stop of a waiting job is immediate: `Done`.)
+    /// its start. (A stop of a waiting job with nothing held is immediate:
+    /// `Done`.)
     Held,
     /// No job has this key.
     NoSuchJob,

@@ -73,12 +73,26 @@ async fn events_for_a_waiting_job_are_held_and_delivered_in_order_after_its_star
     for i in 1..=3 {
         assert_eq!(client.notify("h", format!("{i}").as_bytes()).await.unwrap(), EventOutcome::Held);
     }
-    // A stop of a job still waiting removes it at once: it never started.
+    // A stop of a job still waiting, with nothing held, removes it at once.
     assert_eq!(client.dispatch("gone", b"").await.unwrap(), DispatchOutcome::Queued);
     assert_eq!(client.stop("gone").await.unwrap(), EventOutcome::Done);
     assert_eq!(client.status("gone").await.unwrap(), None);
+    // With a notification held before it, the stop waits behind it.
+    assert_eq!(client.dispatch("later", b"").await.unwrap(), DispatchOutcome::Queued);
+    assert_eq!(client.notify("later", b"last words").await.unwrap(), EventOutcome::Held);
+    assert_eq!(client.stop("later").await.unwrap(), EventOutcome::Held);
     let full = node(&pool, 1, &calls).await;
-    calls.wait_until("the held notifications arrive", |c| c.len() == 4).await;
+    calls.wait_until("the held events arrive", |c| c.len() == 7).await;
+    let later: Vec<&str> = calls
+        .of("later")
+        .iter()
+        .map(|c| match c {
+            Call::Start { .. } => "start",
+            Call::Notify { .. } => "notify",
+            Call::Stop { .. } => "stop",
+        })
+        .collect();
+    assert_eq!(later, ["start", "notify", "stop"]);
     let order: Vec<String> = calls
         .of("h")
         .into_iter()
