@@ -313,5 +313,15 @@ mod tests {
         assert_eq!(config.redis.url, None);
         assert_eq!(config.redis.data_dir, Path::new("/etc/pulse/.pulse-host"));
         assert!(config.plugins.is_empty());
+        assert_eq!(config.node.lease_ttl, std::time::Duration::from_secs(10));
+    }
+
+    #[test]
+    fn a_lease_too_short_to_renew_is_refused() {
+        let config = parse(Path::new("c.toml"), "[node]\nlease_ttl = \"2s\"\n").unwrap();
+        assert_eq!(config.node.lease_ttl, std::time::Duration::from_secs(2));
+        let error = parse(Path::new("c.toml"), "[node]\nlease_ttl = \"100ms\"\n").unwrap_err();
+        assert_eq!(error.problems[0].line, Some(2));
+        assert!(error.to_string().contains("`node.lease_ttl` must be at least 400ms"), "{error}");
     }
 }
