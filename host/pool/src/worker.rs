@@ -735,16 +735,7 @@ impl<H: JobHandler> Worker<H> {
         }
         // Process what was sent before the marks, in order: the handler
         // sees every event sent to the job before it stops here.
-        while id_after(&mark, &self.last_id) {
-            tokio::select! {
-                biased;
-                Some(end) = ended.recv() => self.on_ended(end),
-                event = inbox.recv() => match event {
-                    Some(ReaderEvent::Event(event)) => self.on_entry(event).await,
-                    _ => break,
-                },
-            }
-        }
+        self.drain_to(&mark, inbox, ended).await;
         let mut handed = Vec::new();
         for (key, token) in marked {
             // Still ours (not stopped, completed or failed meanwhile)?
@@ -781,7 +772,18 @@ impl<H: JobHandler> Worker<H> {
         else {
             return;
         };
-        while id_after(&last, &self.last_id) && !self.lost {
+        self.drain_to(&last, inbox, ended).await;
+    }
+
+    /// Processes the inbox, in order, up to entry `mark`; stops early if
+    /// the lease is lost (entries are then left for the jobs' next worker).
+    async fn drain_to(
+        &mut self,
+        mark: &str,
+        inbox: &mut ReaderSubscription,
+        ended: &mut mpsc::UnboundedReceiver<Ended>,
+    ) {
+        while id_after(mark, &self.last_id) && !self.lost {
             tokio::select! {
                 biased;
                 Some(end) = ended.recv() => self.on_ended(end),
