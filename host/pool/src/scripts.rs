@@ -33,7 +33,7 @@ script!(RESET_FAILED, "reset_failed.lua");
 script!(REQUEUE, "requeue.lua");
 script!(MARK_MOVING, "mark_moving.lua");
 script!(JOIN, "join.lua");
-script!(LEAVE, "leave.lua");
+script!(RELEASE_SLOT, "release_slot.lua");
 script!(RENEW, "renew.lua");
 script!(EVICT, "evict.lua");
 script!(REASSERT, "reassert.lua");

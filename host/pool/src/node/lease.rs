@@ -159,27 +159,35 @@ pub(crate) fn tick(ttl: Duration) -> Duration {
 }
 
 impl Core {
+    /// `script` with what every membership script takes first: KEYS the
+    /// slot table, the workers map and the leases; ARGV the two maps'
+    /// change channels and an epoch for a map that has none.
+    fn membership_script<'a>(&self, script: &'a redis::Script) -> redis::ScriptInvocation<'a> {
+        let mut invocation = script.key(self.slots.redis_key());
+        invocation
+            .key(self.workers.redis_key())
+            .key(&self.keys.leases)
+            .arg(self.slots.channel())
+            .arg(self.workers.channel())
+            .arg(map_epoch());
+        invocation
+    }
+
     /// Makes worker `id` a member: entry, lease and a slot, in one step.
     pub(crate) async fn join_worker(&self, id: &str, join: u64) -> Result<()> {
         let keys = &self.keys;
         let sent = self.lease.elapsed_ms();
         let mut conn = self.conn.clone();
-        let answer: Vec<Value> = scripts::JOIN
-            .key(self.slots.redis_key())
-            .key(self.workers.redis_key())
-            .key(&keys.leases)
+        let mut invocation = self.membership_script(&scripts::JOIN);
+        invocation
             .key(&keys.shutdown)
             .key(&keys.epoch)
-            .arg(self.slots.channel())
-            .arg(self.workers.channel())
-            .arg(map_epoch())
             .arg(id)
             .arg(format!("{}|{join}", self.id))
             .arg(millis(self.options.lease_ttl))
-            .arg(self.lease.epoch())
-            .invoke_async(&mut conn)
-            .await
-            .map_err(self.redis_error("join a worker"))?;
+            .arg(self.lease.epoch());
+        let answer: Vec<Value> =
+            invocation.invoke_async(&mut conn).await.map_err(self.redis_error("join a worker"))?;
         let (status, detail) = super::dispatch::status(&answer, "join")?;
         match status.as_str() {
             "joined" => {
@@ -193,25 +201,14 @@ impl Core {
         }
     }
 
-    /// Worker `id` leaves: its slot only (`slot`: it hands its jobs back
-    /// next), or everything (`all`).
-    pub(crate) async fn leave(&self, id: &str, mode: &str) -> Result<()> {
-        let keys = &self.keys;
+    /// Worker `id` gives up its slot: no new job is routed to it while it
+    /// hands its jobs back (it stays a member, with its lease; it leaves
+    /// for good by [`Core::evict`]).
+    pub(crate) async fn release_slot(&self, id: &str) -> Result<()> {
         let mut conn = self.conn.clone();
-        let _: i64 = scripts::LEAVE
-            .key(self.slots.redis_key())
-            .key(self.workers.redis_key())
-            .key(&keys.leases)
-            .key(keys.inbox(id))
-            .key(keys.worker_jobs(id))
-            .arg(self.slots.channel())
-            .arg(self.workers.channel())
-            .arg(map_epoch())
-            .arg(id)
-            .arg(mode)
-            .invoke_async(&mut conn)
-            .await
-            .map_err(self.redis_error("leave"))?;
+        let mut invocation = self.membership_script(&scripts::RELEASE_SLOT);
+        invocation.arg(id);
+        let _: i64 = invocation.invoke_async(&mut conn).await.map_err(self.redis_error("release a slot"))?;
         Ok(())
     }
 
@@ -221,22 +218,16 @@ impl Core {
     pub(crate) async fn evict(&self, id: Option<&str>) -> Result<Vec<(String, u64)>> {
         let keys = &self.keys;
         let mut conn = self.conn.clone();
-        let answer: Vec<Value> = scripts::EVICT
-            .key(self.slots.redis_key())
-            .key(self.workers.redis_key())
-            .key(&keys.leases)
+        let mut invocation = self.membership_script(&scripts::EVICT);
+        invocation
             .key(&keys.jobs)
             .key(&keys.queued)
-            .arg(self.slots.channel())
-            .arg(self.workers.channel())
-            .arg(map_epoch())
             .arg(&keys.prefix)
             .arg(keys.inbox_prefix())
             .arg(millis(grace(self.options.lease_ttl)))
-            .arg(id.unwrap_or(""))
-            .invoke_async(&mut conn)
-            .await
-            .map_err(self.redis_error("evict workers"))?;
+            .arg(id.unwrap_or(""));
+        let answer: Vec<Value> =
+            invocation.invoke_async(&mut conn).await.map_err(self.redis_error("evict workers"))?;
         let mut evicted = Vec::new();
         for pair in answer.chunks(2) {
             if let [Value::BulkString(worker), Value::Int(jobs)] = pair {

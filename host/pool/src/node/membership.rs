@@ -94,7 +94,7 @@ impl Node {
         }
         let core = &self.core;
         for (id, _) in &handles {
-            core.leave(id, "slot").await?;
+            core.release_slot(id).await?;
         }
         core.slots
             .wait_until(SETTLE, |slots| {
@@ -202,7 +202,7 @@ pub(super) async fn on_shutdown(
     let handles: Vec<(String, WorkerHandle)> = super::lock_workers(&workers).drain().collect();
     for (id, handle) in handles {
         handle.shut_down().await;
-        if let Err(error) = core.leave(&id, "all").await {
+        if let Err(error) = core.evict(Some(&id)).await {
             tracing::warn!(worker = %id, error = %error, "failed to leave the pool while it shuts down");
         }
     }
