@@ -1,12 +1,22 @@
 //! The `dispatch` scenario: confirmed starts per second and their latency.
 //!
-//! A client-only node in this process dispatches; a full node with 4
-//! workers runs in another process (this program, re-run as
-//! `serve-workers`), so dispatch and work do not share a runtime. The
-//! handler does nothing: the figures are the pool's own cost.
+//! A client-only node in this process dispatches; 4 workers run in another
+//! process, so dispatch and work do not share a runtime. Three handlers:
+//!
+//! - `noop`: a handler that does nothing (this program, re-run as
+//!   `serve-workers`): the figures are the pool's own cost.
+//! - `echo-job`: the `echo` plugin in job isolation (an instance per job),
+//!   run by the host's own code (`pulse_host::run`, this program re-run as
+//!   `serve-host` with a generated config).
+//! - `echo-worker`: the same in worker isolation (an instance per worker).
+//!
+//! `pulse-bench dispatch [HANDLER…]` runs the named ones (default: all).
+//! Job counts: 20,000 for `noop` and `echo-worker`, 5,000 for `echo-job`
+//! (each live job holds an instance); `--jobs N` sets all of them.
 
 use std::io::{BufRead, BufReader, Read};
-use std::process::{Command, Stdio};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,11 +25,14 @@ use pulse_pool::{DispatchOutcome, HandlerError, Job, JobContext, JobHandler, Nod
 use crate::Args;
 use crate::report::{self, percentile};
 
-/// The hidden scenario name of the worker process.
+/// The hidden scenario name of the no-op worker process.
 pub const SERVE_WORKERS: &str = "serve-workers";
-const POOL: &str = "bench";
+/// The hidden scenario name of the plugin worker process.
+pub const SERVE_HOST: &str = "serve-host";
 const WORKERS: usize = 4;
 const PAYLOAD: [u8; 100] = [7; 100];
+/// How long the worker process may take to have its workers joined.
+const STARTUP: Duration = Duration::from_secs(60);
 
 type BenchResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -38,15 +51,103 @@ impl JobHandler for NoOp {
     }
 }
 
+/// What runs the jobs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Handler {
+    NoOp,
+    EchoJob,
+    EchoWorker,
+}
+
+impl Handler {
+    const ALL: [Self; 3] = [Self::NoOp, Self::EchoJob, Self::EchoWorker];
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::NoOp => "noop",
+            Self::EchoJob => "echo-job",
+            Self::EchoWorker => "echo-worker",
+        }
+    }
+
+    fn default_jobs(self, quick: bool) -> usize {
+        match (self, quick) {
+            (Self::EchoJob, false) => 5_000,
+            (Self::EchoJob, true) => 500,
+            (_, false) => 20_000,
+            (_, true) => 2_000,
+        }
+    }
+}
+
 pub fn run(args: &Args) -> BenchResult {
-    let jobs = args.jobs.unwrap_or(if args.quick { 2_000 } else { 20_000 });
+    let handlers = match &args.rest[1..] {
+        [] => Handler::ALL.to_vec(),
+        names => names
+            .iter()
+            .map(|name| {
+                Handler::ALL.into_iter().find(|h| h.name() == name).ok_or_else(|| {
+                    format!("unknown handler {name:?}: the handlers are noop, echo-job and echo-worker")
+                })
+            })
+            .collect::<Result<_, _>>()?,
+    };
     let server = match &args.redis {
         Some(_) => None,
         None => Some(pulse_testkit::RedisServer::start()),
     };
     let url = args.redis.clone().or_else(|| server.as_ref().map(|s| s.url().to_owned())).ok_or("no Redis")?;
+    let config_dir = tempfile::tempdir()?;
+    let tokio = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    for handler in handlers {
+        let jobs = args.jobs.unwrap_or(handler.default_jobs(args.quick));
+        let pool = format!("bench-{}", handler.name());
+        let mut workers = match handler {
+            Handler::NoOp => spawn_noop_workers(&url, &pool)?,
+            Handler::EchoJob | Handler::EchoWorker => {
+                spawn_host(&url, &pool, handler, jobs, config_dir.path())?
+            }
+        };
+        let result = tokio.block_on(async {
+            let client = redis::Client::open(url.as_str())?;
+            let node = Arc::new(Node::client(&client, &pool, NodeOptions::default()).await?);
+            wait_for_workers(&node, &mut workers).await?;
+            let mut stats = client.get_multiplexed_async_connection().await?;
+            let mut running = 0;
+            for concurrency in [1, 32] {
+                let keys = measure(&node, &mut stats, handler, concurrency, jobs, running).await?;
+                if handler == Handler::EchoJob {
+                    // Each live job holds an instance: stop them, so the
+                    // host's instance count stays at one run's jobs.
+                    stop_all(&node, keys).await?;
+                } else {
+                    running += jobs;
+                }
+            }
+            if handler != Handler::NoOp {
+                // The host exits once its pool is shut down.
+                node.shutdown(Duration::from_secs(120)).await?;
+            }
+            node.close().await;
+            Ok::<_, Box<dyn std::error::Error>>(())
+        });
+        // Closing its stdin ends the no-op worker process.
+        drop(workers.stdin.take());
+        if result.is_err() {
+            let _ = workers.kill();
+        }
+        let status = workers.wait()?;
+        result?;
+        if !status.success() {
+            return Err(format!("the {} worker process failed: {status}", handler.name()).into());
+        }
+    }
+    Ok(())
+}
+
+fn spawn_noop_workers(url: &str, pool: &str) -> Result<Child, Box<dyn std::error::Error>> {
     let mut workers = Command::new(std::env::current_exe()?)
-        .args([SERVE_WORKERS, "--redis", &url])
+        .args([SERVE_WORKERS, "--redis", url, "--pool", pool])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()?;
@@ -55,32 +156,84 @@ pub fn run(args: &Args) -> BenchResult {
     if ready.trim() != "ready" {
         return Err(format!("the worker process did not start: {ready:?}").into());
     }
-    let tokio = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    let result = tokio.block_on(async {
-        let client = redis::Client::open(url.as_str())?;
-        let node = Arc::new(Node::client(&client, POOL, NodeOptions::default()).await?);
-        let mut stats = client.get_multiplexed_async_connection().await?;
-        let mut running = 0;
-        for concurrency in [1, 32] {
-            measure(&node, &mut stats, concurrency, jobs, running).await?;
-            running += jobs;
-        }
-        node.close().await;
-        Ok::<_, Box<dyn std::error::Error>>(())
-    });
-    // Closing its stdin ends the worker process.
-    drop(workers.stdin.take());
-    workers.wait()?;
-    result
+    Ok(workers)
 }
 
+/// Starts the host's own `run` in another process, serving the `echo`
+/// plugin with 4 workers in `pool`.
+fn spawn_host(
+    url: &str,
+    pool: &str,
+    handler: Handler,
+    jobs: usize,
+    dir: &Path,
+) -> Result<Child, Box<dyn std::error::Error>> {
+    let plugin = crate::runtime::plugin_path("echo")?;
+    let (isolation, max_instances) = match handler {
+        Handler::EchoJob => ("job", jobs + WORKERS * 4),
+        _ => ("worker", WORKERS * 4),
+    };
+    let config = format!(
+        "[runtime]\nmax_instances = {max_instances}\n\n\
+         [[plugin]]\nname = \"echo\"\npath = {path:?}\npool = {pool:?}\nworkers = {WORKERS}\nisolation = {isolation:?}\n",
+        path = plugin.display().to_string(),
+    );
+    let path = dir.join(format!("{pool}.toml"));
+    std::fs::write(&path, config)?;
+    let path = path.to_str().ok_or("the temporary directory's path is not UTF-8")?;
+    Ok(Command::new(std::env::current_exe()?)
+        .args([SERVE_HOST, path, "--redis", url])
+        .stdin(Stdio::piped())
+        .spawn()?)
+}
+
+/// Waits until the pool lists the worker process's 4 workers with slots.
+async fn wait_for_workers(node: &Node, process: &mut Child) -> BenchResult {
+    let deadline = Instant::now() + STARTUP;
+    loop {
+        let workers = node.workers().await?;
+        if workers.iter().filter(|w| w.slot.is_some()).count() >= WORKERS {
+            return Ok(());
+        }
+        if let Some(status) = process.try_wait()? {
+            return Err(format!("the worker process ended before its workers joined: {status}").into());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("the worker process had no {WORKERS} workers after {STARTUP:?}").into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Stops `keys`, 32 at a time.
+async fn stop_all(node: &Arc<Node>, keys: Vec<String>) -> BenchResult {
+    let mut lanes = Vec::new();
+    for lane in 0..32 {
+        let node = node.clone();
+        let keys: Vec<String> = keys.iter().skip(lane).step_by(32).cloned().collect();
+        lanes.push(tokio::spawn(async move {
+            for key in keys {
+                node.stop(&key).await?;
+            }
+            Ok::<_, pulse_pool::Error>(())
+        }));
+    }
+    for lane in lanes {
+        lane.await??;
+    }
+    Ok(())
+}
+
+/// Dispatches `jobs` new jobs from `concurrency` lanes and prints the
+/// figures; returns their keys.
 async fn measure(
     node: &Arc<Node>,
     stats: &mut redis::aio::MultiplexedConnection,
+    handler: Handler,
     concurrency: usize,
     jobs: usize,
     running: usize,
-) -> BenchResult {
+) -> Result<Vec<String>, Box<dyn std::error::Error>> {
     let before = commandstats(stats).await?;
     let started = Instant::now();
     let mut lanes = Vec::new();
@@ -90,7 +243,7 @@ async fn measure(
             let mut samples = Vec::new();
             let mut unconfirmed = 0u64;
             for i in (lane..jobs).step_by(concurrency) {
-                let key = format!("c{concurrency}-{i}");
+                let key = key_of(concurrency, i);
                 let sent = Instant::now();
                 let outcome = node.dispatch(&key, &PAYLOAD).await;
                 samples.push((i, sent.elapsed()));
@@ -112,12 +265,13 @@ async fn measure(
     let after = commandstats(stats).await?;
     samples.sort_by_key(|(i, _)| *i);
     let tenth = (jobs / 10).max(1);
+    let keys = samples.iter().map(|(i, _)| key_of(concurrency, *i)).collect();
     let mut first: Vec<Duration> = samples[..tenth].iter().map(|(_, d)| *d).collect();
     let mut last: Vec<Duration> = samples[jobs - tenth..].iter().map(|(_, d)| *d).collect();
     let mut all: Vec<Duration> = samples.into_iter().map(|(_, d)| d).collect();
     let per_job = |value: u64| value as f64 / jobs as f64;
     report::Result::new("dispatch")
-        .field("handler", "noop")
+        .field("handler", handler.name())
         .field("dispatchers", concurrency)
         .field("workers", WORKERS)
         .field("jobs", jobs)
@@ -133,7 +287,11 @@ async fn measure(
         .field("redis_cpu_us_per_job", format!("{:.1}", per_job(after.1 - before.1)))
         .field("unconfirmed", unconfirmed)
         .print();
-    Ok(())
+    Ok(keys)
+}
+
+fn key_of(concurrency: usize, i: usize) -> String {
+    format!("c{concurrency}-{i}")
 }
 
 /// (executed commands, their CPU µs) so far, from `INFO commandstats`
@@ -156,7 +314,8 @@ pub fn serve_workers(args: &Args) -> BenchResult {
     let tokio = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     tokio.block_on(async {
         let client = redis::Client::open(url.as_str())?;
-        let node = Node::join(&client, POOL, NodeOptions::default()).await?;
+        let pool = args.pool.as_deref().ok_or("serve-workers needs --pool")?;
+        let node = Node::join(&client, pool, NodeOptions::default()).await?;
         for _ in 0..WORKERS {
             node.add_worker(NoOp).await?;
         }
@@ -167,6 +326,20 @@ pub fn serve_workers(args: &Args) -> BenchResult {
             let _ = std::io::stdin().read_to_end(&mut sink);
         })
         .await?;
+        Ok(())
+    })
+}
+
+/// The plugin worker process: `pulse_host::run` with the config at the
+/// path given, until its pool is shut down.
+pub fn serve_host(args: &Args) -> BenchResult {
+    let url = args.redis.clone().ok_or("serve-host needs --redis")?;
+    let path = args.rest.get(1).ok_or("serve-host needs a config path")?;
+    let config = pulse_config::load(Path::new(path))?;
+    let tokio = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    tokio.block_on(async {
+        let client = redis::Client::open(url.as_str())?;
+        pulse_host::run::run(&config, &client).await?;
         Ok(())
     })
 }

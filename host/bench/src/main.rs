@@ -10,12 +10,13 @@
 //!
 //! - `runtime`: plugin compile and cached load time, instantiation latency,
 //!   call overhead at 16 B and 64 KiB, resident memory of idle instances.
-//! - `dispatch`: confirmed starts per second and their latency, with 1 and
-//!   32 concurrent dispatchers on a client-only node and 4 workers with a
-//!   no-op handler in another process; Redis commands and CPU per job.
-//!   Options: `--jobs N` (default 20,000), `--redis URL` (default: a
+//! - `dispatch [noop|echo-job|echo-worker]…`: confirmed starts per second
+//!   and their latency, with 1 and 32 concurrent dispatchers on a
+//!   client-only node and 4 workers in another process, running a no-op
+//!   handler, or the `echo` plugin in job or in worker isolation (default:
+//!   all three); Redis commands and CPU per job. Options: `--jobs N`
+//!   (default 20,000; 5,000 for `echo-job`), `--redis URL` (default: a
 //!   private `redis-server`).
-//!
 //! - `failover`: two processes with 2 workers each (lease TTL 2 s) run
 //!   1,000 jobs; one is killed with SIGKILL: time until its jobs run
 //!   again, lost and duplicated jobs.
@@ -33,7 +34,7 @@ mod runtime;
 
 use std::process::ExitCode;
 
-const USAGE: &str = "usage: pulse-bench SCENARIO [--quick] [--jobs N] [--redis URL]\nscenarios: runtime, dispatch, failover, rebalance";
+const USAGE: &str = "usage: pulse-bench SCENARIO [--quick] [--jobs N] [--redis URL]\nscenarios: runtime, dispatch [noop|echo-job|echo-worker]..., failover, rebalance";
 
 /// Parsed command line.
 #[derive(Debug)]
@@ -96,6 +97,7 @@ fn main() -> ExitCode {
         "dispatch" => dispatch::run(&args),
         // The worker process the dispatch scenario spawns.
         dispatch::SERVE_WORKERS => dispatch::serve_workers(&args),
+        dispatch::SERVE_HOST => dispatch::serve_host(&args),
         "failover" => membership::failover(&args),
         "rebalance" => membership::rebalance(&args),
         // The worker processes of the failover scenario.

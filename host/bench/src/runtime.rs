@@ -176,7 +176,7 @@ fn median_of(
 }
 
 /// Where `scripts/build-plugins` puts plugin `name`.
-fn plugin_path(name: &str) -> Result<PathBuf, String> {
+pub fn plugin_path(name: &str) -> Result<PathBuf, String> {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../plugins/target/wasm32-wasip2/release")
         .join(format!("{name}.wasm"));

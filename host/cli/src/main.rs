@@ -3,22 +3,22 @@
 //!
 //! # Layout
 //! - this file: the command line (clap), logging, exit codes.
-//! - `run`: `pulse-host run`: plugins, pools, workers, signals.
-//! - `adapter`: a plugin as a pool worker (the one place that sees both).
+//! - the library (`lib.rs`): `run` (`pulse-host run`: plugins, pools,
+//!   workers, signals) and `adapter` (a plugin as a pool worker, the one
+//!   place that sees both).
 //! - `client`: the client commands, their output and exit codes.
 //! - `embedded`: the private `redis-server` used when no URL is given.
 #![allow(clippy::print_stdout, reason = "the binary owns the output")]
 
-mod adapter;
 mod client;
 mod embedded;
-mod run;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
+use pulse_host::run;
 
 use crate::client::exit;
 
