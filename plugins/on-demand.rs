@@ -9,7 +9,7 @@
 // normally and makes it misbehave later with a notification.
 
 use exports::pulse::job::handler::Guest;
-use pulse::job::host;
+use pulse::job::env;
 use pulse::job::types::{Job, JobError};
 
 struct OnDemand;
@@ -20,7 +20,7 @@ impl Guest for OnDemand {
     }
 
     fn stop(_key: String) -> Result<(), JobError> {
-        match host::config("stop-payload") {
+        match env::config("stop-payload") {
             Some(payload) => misbehave(payload.as_bytes()),
             None => Ok(()),
         }

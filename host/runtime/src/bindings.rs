@@ -4,6 +4,10 @@
 //! Imports are async (a host function may wait on Redis) and trappable (an
 //! `Err` stops the guest); exports are async, so a call can be bounded by a
 //! timeout and a spinning guest yields at epoch ticks.
+//!
+//! The `job-handler` world is generated here; `producer` generates the
+//! `job-producer` world over the same `types` and `env`, so one linker
+//! serves both kinds of plugin.
 #![allow(missing_docs, reason = "generated code; the WIT file carries the documentation")]
 
 wasmtime::component::bindgen!({
@@ -12,3 +16,16 @@ wasmtime::component::bindgen!({
     imports: { default: async | trappable },
     exports: { default: async },
 });
+
+pub mod producer {
+    wasmtime::component::bindgen!({
+        path: "../../wit",
+        world: "job-producer",
+        imports: { default: async | trappable },
+        exports: { default: async },
+        with: {
+            "pulse:job/types": crate::bindings::pulse::job::types,
+            "pulse:job/env": crate::bindings::pulse::job::env,
+        },
+    });
+}

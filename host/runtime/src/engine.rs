@@ -16,6 +16,7 @@ use crate::bindings::JobHandler;
 use crate::error::{EngineError, LoadError};
 use crate::host::HostState;
 use crate::plugin::{Plugin, PluginOptions};
+use crate::producer::{Producer, ProducerOptions};
 
 /// Bytes of address space one linear-memory slot of the pool takes on
 /// 64-bit hosts when `memory_reservation` is left at wasmtime's default:
@@ -276,6 +277,24 @@ impl Runtime {
     /// [`LoadError`] naming the plugin and what is wrong with it.
     pub fn load(&self, name: &str, bytes: &[u8], options: PluginOptions) -> Result<Plugin, LoadError> {
         Plugin::load(self.inner.clone(), name, bytes, options)
+    }
+
+    /// Loads, checks and pre-instantiates the job producer at `path`.
+    ///
+    /// # Errors
+    /// [`LoadError`] naming the producer and what is wrong with it.
+    pub fn load_producer_file(
+        &self,
+        name: &str,
+        path: &Path,
+        options: ProducerOptions,
+    ) -> Result<Producer, LoadError> {
+        let bytes = std::fs::read(path).map_err(|source| LoadError::Read {
+            plugin: name.to_owned(),
+            path: path.to_owned(),
+            source,
+        })?;
+        Producer::load(&self.inner, name, &bytes, options)
     }
 
     /// The configuration the runtime was built with.

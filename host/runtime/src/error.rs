@@ -51,10 +51,12 @@ pub enum LoadError {
     /// The component does not implement `pulse:job/job-handler`: an export is
     /// missing or has the wrong type, or it imports something the host does
     /// not provide.
-    #[error("plugin {plugin:?} does not implement the `pulse:job/job-handler` world: {message}")]
+    #[error("plugin {plugin:?} does not implement the `pulse:job/{world}` world: {message}")]
     WrongWorld {
         /// The plugin's name.
         plugin: String,
+        /// The world it was loaded as: `job-handler` or `job-producer`.
+        world: &'static str,
         /// Which item is missing, mismatched or unsatisfiable.
         message: String,
     },

@@ -71,15 +71,7 @@ impl Instance {
     ) -> Result<Self, CallError> {
         let state =
             HostState::new(Limiter::new(plugin.limits.memory), plugin.settings.clone(), outputs, commands);
-        let mut store = Store::new(plugin.pre.engine(), state);
-        store.limiter(|state| &mut state.limiter);
-        // Yield to the async runtime at every epoch tick, so a guest that
-        // computes without end cannot hold a worker thread and the call
-        // timeout can fire (a new store's deadline is 0: set it first).
-        store.epoch_deadline_async_yield_and_update(1);
-        if plugin.fuel_enabled {
-            store.set_fuel(u64::MAX).map_err(|e| CallError::Instantiate(format!("{e:#}")))?;
-        }
+        let mut store = new_store(plugin.pre.engine(), state, plugin.fuel_enabled)?;
         let bindings = plugin
             .pre
             .instantiate_async(&mut store)
@@ -201,8 +193,26 @@ impl std::fmt::Debug for Instance {
     }
 }
 
+/// A store for one instance, limited by its state's limiter.
+pub(crate) fn new_store(
+    engine: &wasmtime::Engine,
+    state: HostState,
+    fuel_enabled: bool,
+) -> Result<Store<HostState>, CallError> {
+    let mut store = Store::new(engine, state);
+    store.limiter(|state| &mut state.limiter);
+    // Yield to the async runtime at every epoch tick, so a guest that
+    // computes without end cannot hold a worker thread and the call
+    // timeout can fire (a new store's deadline is 0: set it first).
+    store.epoch_deadline_async_yield_and_update(1);
+    if fuel_enabled {
+        store.set_fuel(u64::MAX).map_err(|e| CallError::Instantiate(format!("{e:#}")))?;
+    }
+    Ok(store)
+}
+
 /// Turns a wasmtime error from a call into a typed outcome.
-fn classify(error: wasmtime::Error, limits: &Limits) -> CallError {
+pub(crate) fn classify(error: wasmtime::Error, limits: &Limits) -> CallError {
     if let Some(limit) = error.downcast_ref::<MemoryLimitExceeded>() {
         return CallError::MemoryLimit { limit: limit.limit };
     }
@@ -218,7 +228,7 @@ fn classify(error: wasmtime::Error, limits: &Limits) -> CallError {
 impl CallError {
     /// A failure while instantiating is reported as such, unless a limit
     /// explains it.
-    fn into_instantiate(self) -> CallError {
+    pub(crate) fn into_instantiate(self) -> CallError {
         match self {
             CallError::Trap(message) => CallError::Instantiate(message),
             other => other,

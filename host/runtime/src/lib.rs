@@ -7,6 +7,8 @@
 //!   of a process (pooling allocator, epoch ticker, compilation cache).
 //! - `plugin`: [`Plugin`], a component checked against `wit/job.wit` and
 //!   pre-instantiated; [`PluginOptions`], [`Isolation`].
+//! - `producer`: [`Producer`], a job producer component asked for the
+//!   [`Plan`] of a schedule.
 //! - `runner`: [`JobRunner`], one worker's jobs, routed to instances.
 //! - `instance`: [`Instance`], one store and its guest, and the calls under
 //!   the plugin's limits.
@@ -46,6 +48,7 @@ mod job;
 mod limits;
 mod outputs;
 mod plugin;
+mod producer;
 mod runner;
 
 pub use engine::{DEFAULT_MEMORY_RESERVATION, MAPPINGS_PER_INSTANCE, Runtime, RuntimeConfig};
@@ -55,4 +58,5 @@ pub use job::Job;
 pub use limits::Limits;
 pub use outputs::{BoxFuture, JobOutputs, Output, Recorder};
 pub use plugin::{Isolation, Plugin, PluginOptions};
+pub use producer::{Plan, PlanAnswer, Producer, ProducerOptions};
 pub use runner::JobRunner;

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use wasmtime::component::Component;
+use wasmtime::component::{Component, InstancePre};
 
 use crate::bindings::JobHandlerPre;
 use crate::engine::RuntimeInner;
@@ -69,23 +69,14 @@ impl Plugin {
         options: PluginOptions,
     ) -> Result<Self, LoadError> {
         let plugin = || name.to_owned();
-        if !bytes.starts_with(MAGIC) {
-            return Err(LoadError::NotWasm { plugin: plugin() });
-        }
-        if bytes.get(4..8) != Some(&COMPONENT_LAYER[..]) {
-            return Err(LoadError::CoreModule { plugin: plugin() });
-        }
-        check_options(name, &options, &runtime)?;
-        let component = Component::new(&runtime.engine, bytes)
-            .map_err(|e| LoadError::Compile { plugin: plugin(), message: format!("{e:#}") })?;
-        // Fails when the component imports something the host lacks.
-        let instance_pre = runtime
-            .linker
-            .instantiate_pre(&component)
-            .map_err(|e| LoadError::WrongWorld { plugin: plugin(), message: format!("{e:#}") })?;
+        check_options(name, &options.limits, &runtime)?;
+        let instance_pre = compile(&runtime, name, bytes, HANDLER_WORLD)?;
         // Fails when an export of the world is missing or mistyped.
-        let pre = JobHandlerPre::new(instance_pre)
-            .map_err(|e| LoadError::WrongWorld { plugin: plugin(), message: format!("{e:#}") })?;
+        let pre = JobHandlerPre::new(instance_pre).map_err(|e| LoadError::WrongWorld {
+            plugin: plugin(),
+            world: HANDLER_WORLD,
+            message: format!("{e:#}"),
+        })?;
         Ok(Self {
             inner: Arc::new(PluginInner {
                 name: plugin(),
@@ -142,19 +133,47 @@ impl std::fmt::Debug for Plugin {
     }
 }
 
-fn check_options(name: &str, options: &PluginOptions, runtime: &RuntimeInner) -> Result<(), LoadError> {
+const HANDLER_WORLD: &str = "job-handler";
+
+/// Checks that `bytes` are a component, compiles it and checks that the
+/// host provides everything it imports.
+pub(crate) fn compile(
+    runtime: &RuntimeInner,
+    name: &str,
+    bytes: &[u8],
+    world: &'static str,
+) -> Result<InstancePre<HostState>, LoadError> {
+    let plugin = || name.to_owned();
+    if !bytes.starts_with(MAGIC) {
+        return Err(LoadError::NotWasm { plugin: plugin() });
+    }
+    if bytes.get(4..8) != Some(&COMPONENT_LAYER[..]) {
+        return Err(LoadError::CoreModule { plugin: plugin() });
+    }
+    let component = Component::new(&runtime.engine, bytes)
+        .map_err(|e| LoadError::Compile { plugin: plugin(), message: format!("{e:#}") })?;
+    // Fails when the component imports something the host lacks.
+    runtime.linker.instantiate_pre(&component).map_err(|e| LoadError::WrongWorld {
+        plugin: plugin(),
+        world,
+        message: format!("{e:#}"),
+    })
+}
+
+/// Checks a plugin's limits against the runtime's.
+pub(crate) fn check_options(name: &str, limits: &Limits, runtime: &RuntimeInner) -> Result<(), LoadError> {
     let invalid = |message: String| LoadError::InvalidOptions { plugin: name.to_owned(), message };
     let ceiling = runtime.config.memory_ceiling();
-    if options.limits.memory > ceiling {
+    if limits.memory > ceiling {
         return Err(invalid(format!(
             "memory limit {} bytes exceeds the runtime's max_memory_per_instance of {ceiling} bytes",
-            options.limits.memory
+            limits.memory
         )));
     }
-    if options.limits.call_timeout.is_zero() {
+    if limits.call_timeout.is_zero() {
         return Err(invalid("call_timeout must be longer than zero".into()));
     }
-    if options.limits.fuel.is_some() && !runtime.config.fuel_enabled() {
+    if limits.fuel.is_some() && !runtime.config.fuel_enabled() {
         return Err(invalid("a fuel limit needs fuel enabled in the runtime configuration".into()));
     }
     Ok(())

@@ -20,9 +20,11 @@ pub const HOG: &str = "hog";
 pub const SLOW: &str = "slow";
 /// `wrong-world`: a component that does not implement `job-handler`.
 pub const WRONG_WORLD: &str = "wrong_world";
+/// A job producer keeping one job per entry of its `jobs` setting.
+pub const KEEPER: &str = "keeper";
 
 /// Every plugin the build produces.
-pub const ALL: &[&str] = &[ECHO, COUNTER, TRAP, SPIN, HOG, SLOW, WRONG_WORLD];
+pub const ALL: &[&str] = &[ECHO, COUNTER, TRAP, SPIN, HOG, SLOW, WRONG_WORLD, KEEPER];
 
 /// Where the built plugins are: `PULSE_PLUGIN_DIR` when set, otherwise
 /// `plugins/target/wasm32-wasip2/release` of this repository.

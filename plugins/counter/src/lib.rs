@@ -18,8 +18,8 @@ use std::sync::Mutex;
 wit_bindgen::generate!({ path: "../../wit", world: "job-handler" });
 
 use exports::pulse::job::handler::Guest;
-use pulse::job::host;
 use pulse::job::types::{HostError, Job, JobError, LogLevel};
+use pulse::job::{env, host};
 
 /// Running jobs of this instance. A component instance is single-threaded;
 /// the mutex only makes the static safe to share.
@@ -44,7 +44,7 @@ impl Guest for Counter {
             }
             None => 0,
         };
-        let interval = match host::config("interval-ms") {
+        let interval = match env::config("interval-ms") {
             Some(text) => text.parse().map_err(|_| {
                 JobError::Fatal(format!(
                     "setting interval-ms must be a whole number of milliseconds, got {text:?}"
@@ -53,7 +53,7 @@ impl Guest for Counter {
             None => DEFAULT_INTERVAL_MS,
         };
         host::set_timer(&job.key, "tick", interval, true).map_err(host_error)?;
-        host::log(LogLevel::Info, &format!("start {} at {value}, target {target:?}", job.key));
+        env::log(LogLevel::Info, &format!("start {} at {value}, target {target:?}", job.key));
         jobs().insert(job.key, Count { value, target });
         Ok(())
     }
@@ -61,7 +61,7 @@ impl Guest for Counter {
     fn stop(key: String) -> Result<(), JobError> {
         // The count was saved on every tick: nothing to persist here.
         let count = jobs().remove(&key);
-        host::log(LogLevel::Info, &format!("stop {key} at {:?}", count.map(|c| c.value)));
+        env::log(LogLevel::Info, &format!("stop {key} at {:?}", count.map(|c| c.value)));
         Ok(())
     }
 

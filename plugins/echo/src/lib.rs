@@ -10,14 +10,14 @@
 wit_bindgen::generate!({ path: "../../wit", world: "job-handler" });
 
 use exports::pulse::job::handler::Guest;
-use pulse::job::host;
 use pulse::job::types::{Job, JobError, LogLevel};
+use pulse::job::{env, host};
 
 struct Echo;
 
 impl Guest for Echo {
     fn start(job: Job) -> Result<(), JobError> {
-        host::log(
+        env::log(
             LogLevel::Info,
             &format!(
                 "start {} ({} bytes, attempt {}, requeued {})",
@@ -31,7 +31,7 @@ impl Guest for Echo {
     }
 
     fn stop(key: String) -> Result<(), JobError> {
-        host::log(LogLevel::Info, &format!("stop {key}"));
+        env::log(LogLevel::Info, &format!("stop {key}"));
         Ok(())
     }
 
@@ -47,7 +47,7 @@ impl Guest for Echo {
 
 /// Emits `payload`, behind the configured prefix, for `key`.
 fn echo(key: &str, payload: &[u8]) -> Result<(), JobError> {
-    let mut out = host::config("prefix").unwrap_or_default().into_bytes();
+    let mut out = env::config("prefix").unwrap_or_default().into_bytes();
     out.extend_from_slice(payload);
     // A refusal means the job is no longer ours (or a limit): the job cannot
     // do its one task, so say so rather than pretend.

@@ -1,4 +1,5 @@
-//! The `host` interface of `wit/job.wit`, as the guest calls it.
+//! The `env` and `host` interfaces of `wit/job.wit`, as the guest calls
+//! them.
 //!
 //! Every request that acts for a job first checks that the job runs in this
 //! instance (`not-owned` otherwise); what it means for the pool is decided by
@@ -7,6 +8,7 @@
 use std::time::Duration;
 
 use super::{HostState, MAX_TIMERS_PER_JOB};
+use crate::bindings::pulse::job::env;
 use crate::bindings::pulse::job::host::Host;
 use crate::bindings::pulse::job::types::{self, HostError, LogLevel};
 use crate::error::HostRefusal;
@@ -16,7 +18,7 @@ const MAX_LOG_LINE: usize = 16 * 1024;
 
 impl types::Host for HostState {}
 
-impl Host for HostState {
+impl env::Host for HostState {
     async fn log(&mut self, level: LogLevel, mut message: String) -> wasmtime::Result<()> {
         if message.len() > MAX_LOG_LINE {
             let mut end = MAX_LOG_LINE;
@@ -40,7 +42,9 @@ impl Host for HostState {
     async fn config(&mut self, name: String) -> wasmtime::Result<Option<String>> {
         Ok(self.settings.get(&name).cloned())
     }
+}
 
+impl Host for HostState {
     async fn set_timer(
         &mut self,
         key: String,

@@ -5,12 +5,14 @@
 //! - `failures`: traps, endless loops, unbounded allocation, guest errors.
 //! - `load`: components refused at load, configuration refused.
 //! - `capacity`: a thousand live instances and what they cost.
+//! - `producers`: job producers and their plans.
 #![allow(clippy::unwrap_used, reason = "tests and their helpers: a panic is the failure report")]
 
 mod calls;
 mod capacity;
 mod failures;
 mod load;
+mod producers;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

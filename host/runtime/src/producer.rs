@@ -1,0 +1,170 @@
+//! A job producer: a component of the `job-producer` world, asked for the
+//! plan of a schedule. Each call runs in a fresh instance under the
+//! producer's limits, so nothing a producer computes survives between
+//! plans: its settings are its whole input.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use tracing::Instrument as _;
+
+use crate::bindings::producer::JobProducerPre;
+use crate::bindings::producer::exports::pulse::job::producer as wit;
+use crate::engine::RuntimeInner;
+use crate::error::{CallError, HostRefusal, JobError, LoadError};
+use crate::host::HostState;
+use crate::instance::{classify, new_store};
+use crate::limits::{Limiter, Limits};
+use crate::outputs::{BoxFuture, JobOutputs};
+use crate::plugin::{check_options, compile};
+
+const PRODUCER_WORLD: &str = "job-producer";
+
+/// How to run a producer. Defaults: [`Limits::default`], no settings.
+#[derive(Debug, Clone, Default)]
+pub struct ProducerOptions {
+    /// Limits of each call.
+    pub limits: Limits,
+    /// Settings the producer reads with `config(name)`.
+    pub settings: BTreeMap<String, String>,
+}
+
+/// Which jobs should run, as a producer answered.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// Jobs to have running: key and payload.
+    pub start: Vec<(String, Vec<u8>)>,
+    /// Keys to stop.
+    pub stop: Vec<String>,
+    /// Stop every job the schedule started that is not in `start`.
+    pub stop_all: bool,
+}
+
+/// A producer's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PlanAnswer {
+    /// The plan for now.
+    Plan(Plan),
+    /// The schedule is over.
+    Finished,
+}
+
+/// A producer ready to be asked: compiled, checked and pre-instantiated.
+/// Cheap to clone.
+#[derive(Clone)]
+pub struct Producer {
+    inner: Arc<ProducerInner>,
+}
+
+struct ProducerInner {
+    name: String,
+    pre: JobProducerPre<HostState>,
+    limits: Limits,
+    settings: Arc<BTreeMap<String, String>>,
+    fuel_enabled: bool,
+}
+
+impl Producer {
+    pub(crate) fn load(
+        runtime: &RuntimeInner,
+        name: &str,
+        bytes: &[u8],
+        options: ProducerOptions,
+    ) -> Result<Self, LoadError> {
+        check_options(name, &options.limits, runtime)?;
+        let instance_pre = compile(runtime, name, bytes, PRODUCER_WORLD)?;
+        let pre = JobProducerPre::new(instance_pre).map_err(|e| LoadError::WrongWorld {
+            plugin: name.to_owned(),
+            world: PRODUCER_WORLD,
+            message: format!("{e:#}"),
+        })?;
+        Ok(Self {
+            inner: Arc::new(ProducerInner {
+                name: name.to_owned(),
+                pre,
+                limits: options.limits,
+                settings: Arc::new(options.settings),
+                fuel_enabled: runtime.config.fuel_enabled(),
+            }),
+        })
+    }
+
+    /// The producer's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// Asks the producer for its plan, in a new instance.
+    ///
+    /// # Errors
+    /// [`CallError::Guest`] with [`JobError::Retryable`] when the producer
+    /// answered `failed`; the trap or limit that ended the call.
+    pub async fn plan(&self) -> Result<PlanAnswer, CallError> {
+        let inner = &self.inner;
+        let state = HostState::new(
+            Limiter::new(inner.limits.memory),
+            inner.settings.clone(),
+            Arc::new(NoJobs),
+            // A sender whose receiver is gone: a producer has no timers.
+            tokio::sync::mpsc::channel(1).0.downgrade(),
+        );
+        let mut store = new_store(inner.pre.engine(), state, inner.fuel_enabled)?;
+        if inner.fuel_enabled {
+            let fuel = inner.limits.fuel.unwrap_or(u64::MAX);
+            store.set_fuel(fuel).map_err(|e| CallError::Trap(format!("{e:#}")))?;
+        }
+        let span = tracing::info_span!("plan", producer = %inner.name);
+        let call = async {
+            let bindings = inner
+                .pre
+                .instantiate_async(&mut store)
+                .await
+                .map_err(|e| classify(e, &inner.limits).into_instantiate())?;
+            bindings.pulse_job_producer().call_plan(&mut store).await.map_err(|e| classify(e, &inner.limits))
+        };
+        match tokio::time::timeout(inner.limits.call_timeout, call.instrument(span)).await {
+            Err(_elapsed) => Err(CallError::Timeout(inner.limits.call_timeout)),
+            Ok(Err(error)) => Err(error),
+            Ok(Ok(Err(wit::ProducerError::Finished))) => Ok(PlanAnswer::Finished),
+            Ok(Ok(Err(wit::ProducerError::Failed(message)))) => {
+                Err(CallError::Guest(JobError::Retryable(message)))
+            }
+            Ok(Ok(Ok(plan))) => Ok(PlanAnswer::Plan(Plan {
+                start: plan.start.into_iter().map(|job| (job.key, job.payload)).collect(),
+                stop: plan.stop,
+                stop_all: plan.stop_all,
+            })),
+        }
+    }
+}
+
+impl std::fmt::Debug for Producer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Producer")
+            .field("name", &self.inner.name)
+            .field("limits", &self.inner.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A producer runs no jobs: every job request is refused (its world does
+/// not import them; a component that imports them anyway gets `not-owned`).
+struct NoJobs;
+
+impl JobOutputs for NoJobs {
+    fn emit<'a>(&'a self, _key: &'a str, _payload: Vec<u8>) -> BoxFuture<'a, Result<(), HostRefusal>> {
+        Box::pin(async { Err(HostRefusal::NotOwned) })
+    }
+
+    fn save_state<'a>(&'a self, _key: &'a str, _state: Vec<u8>) -> BoxFuture<'a, Result<(), HostRefusal>> {
+        Box::pin(async { Err(HostRefusal::NotOwned) })
+    }
+
+    fn complete<'a>(&'a self, _key: &'a str) -> BoxFuture<'a, Result<(), HostRefusal>> {
+        Box::pin(async { Err(HostRefusal::NotOwned) })
+    }
+
+    fn job_failed<'a>(&'a self, _key: &'a str, _error: &'a CallError) -> BoxFuture<'a, ()> {
+        Box::pin(async {})
+    }
+}
