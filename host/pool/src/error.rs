@@ -6,6 +6,12 @@ pub enum Error {
     /// A pool name outside the allowed characters.
     #[error("invalid pool name {0:?}: allowed are 1 to 100 ASCII letters, digits, '-', '_' or '.'")]
     InvalidPool(String),
+    /// A ticker or schedule name outside the allowed characters.
+    #[error("invalid ticker name {0:?}: allowed are 1 to 100 ASCII letters, digits, '-', '_' or '.'")]
+    InvalidTicker(String),
+    /// A ticker interval of zero.
+    #[error("ticker {0:?} needs an interval of at least 1 ms")]
+    ZeroInterval(String),
     /// A job key that is empty, too long or has control characters.
     #[error("invalid job key {key:?}: {why}")]
     InvalidKey {

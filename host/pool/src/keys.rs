@@ -26,6 +26,8 @@ pub(crate) struct PoolKeys {
     pub(crate) epoch: String,
     /// Present while the pool shuts down.
     pub(crate) shutdown: String,
+    /// Tickers: name -> `next_due_ms:interval_ms:last_seq`, Redis time.
+    pub(crate) tickers: String,
     /// What every key of the pool starts with.
     pub(crate) prefix: String,
 }
@@ -49,6 +51,7 @@ impl PoolKeys {
             leases: key("leases"),
             epoch: key("epoch"),
             shutdown: key("shutdown"),
+            tickers: key("tickers"),
             prefix: key(""),
         }
     }
@@ -61,6 +64,11 @@ impl PoolKeys {
     /// Events held for a job while it waits for a worker.
     pub(crate) fn held(&self, key: &str) -> String {
         format!("pulse:{{{}}}:held:{key}", self.pool)
+    }
+
+    /// The keys of the jobs a schedule started (a set).
+    pub(crate) fn schedule(&self, name: &str) -> String {
+        format!("pulse:{{{}}}:schedule:{name}", self.pool)
     }
 
     /// The jobs a worker owns.
@@ -97,11 +105,17 @@ impl PoolKeys {
 
 /// Checks a pool name: 1 to 100 ASCII letters, digits, `-`, `_`, `.`.
 pub(crate) fn validate_pool(name: &str) -> Result<(), Error> {
-    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
-    if name.is_empty() || name.len() > 100 || !name.chars().all(allowed) {
+    if !is_name(name) {
         return Err(Error::InvalidPool(name.to_owned()));
     }
     Ok(())
+}
+
+/// Whether `name` is 1 to 100 ASCII letters, digits, `-`, `_`, `.`: what
+/// pool, ticker and schedule names may be.
+pub(crate) fn is_name(name: &str) -> bool {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+    !name.is_empty() && name.len() <= 100 && name.chars().all(allowed)
 }
 
 #[cfg(test)]

@@ -9,6 +9,9 @@
 //! - `job`: [`Job`], [`JobHandler`], outcomes and states.
 //! - `context`: [`JobContext`]: save state, emit, complete, fail, fenced by
 //!   the job's token.
+//! - `ticker`: [`Ticker`], a named interval firing on one node per tick.
+//! - `schedule`: [`Node::schedule`], a [`JobProducer`]'s [`Plan`] applied
+//!   at every tick.
 //! - `hash`: CRC-64 and Jump Consistent Hash, as Go Pulse routes.
 //! - `keys`, `scripts`, `wire`: Redis key names, the Lua scripts (`lua/`),
 //!   the message formats.
@@ -28,7 +31,9 @@ pub mod hash;
 mod job;
 mod keys;
 mod node;
+mod schedule;
 mod scripts;
+mod ticker;
 mod wire;
 mod worker;
 
@@ -36,3 +41,5 @@ pub use context::{ContextError, JobContext};
 pub use error::{Error, Result};
 pub use job::{DispatchOutcome, EventOutcome, HandlerError, Job, JobHandler, JobInfo, JobState};
 pub use node::{Node, NodeInfo, NodeOptions, WorkerInfo};
+pub use schedule::{Applied, JobProducer, Plan, ProducerError, Schedule};
+pub use ticker::{Tick, Ticker};

@@ -37,3 +37,4 @@ script!(RELEASE_SLOT, "release_slot.lua");
 script!(RENEW, "renew.lua");
 script!(EVICT, "evict.lua");
 script!(REASSERT, "reassert.lua");
+script!(TICK, "tick.lua");

@@ -6,6 +6,7 @@
 //! - `membership`: workers joining and leaving while jobs run.
 //! - `load`: many dispatches; Redis commands per dispatch.
 //! - `redis_faults`: Redis restarting with its data and empty.
+//! - `schedules`: tickers and schedules.
 #![allow(clippy::unwrap_used, reason = "tests and their helpers: a panic is the failure report")]
 
 mod dispatch;
@@ -13,6 +14,7 @@ mod events;
 mod load;
 mod membership;
 mod redis_faults;
+mod schedules;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
