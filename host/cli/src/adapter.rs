@@ -1,12 +1,15 @@
 //! A plugin as a pool worker: the pool's [`JobHandler`] over the runtime's
 //! [`JobRunner`], and the runtime's [`JobOutputs`] over the pool's
-//! [`JobContext`]. The one place that sees both pool and runtime.
+//! [`JobContext`]; a producer plugin as a schedule's [`JobProducer`]. The
+//! one place that sees both pool and runtime.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use pulse_pool::{ContextError, HandlerError, JobContext, JobHandler};
-use pulse_runtime::{BoxFuture, CallError, HostRefusal, JobError, JobOutputs, JobRunner, Plugin};
+use pulse_pool::{ContextError, HandlerError, JobContext, JobHandler, JobProducer, Plan, ProducerError};
+use pulse_runtime::{
+    BoxFuture, CallError, HostRefusal, JobError, JobOutputs, JobRunner, PlanAnswer, Plugin, Producer,
+};
 
 /// The contexts of the jobs a worker runs, by key: how a plugin's requests
 /// reach the pool, fenced by each job's token.
@@ -150,5 +153,29 @@ fn refusal(error: ContextError) -> HostRefusal {
             HostRefusal::LimitExceeded(format!("{size} bytes exceed the limit of {limit} bytes"))
         }
         ContextError::Unavailable(message) => HostRefusal::Unavailable(message),
+    }
+}
+
+/// A producer plugin as a schedule's [`JobProducer`].
+#[derive(Debug)]
+pub struct WasmProducer {
+    producer: Producer,
+}
+
+impl WasmProducer {
+    pub fn new(producer: &Producer) -> Self {
+        Self { producer: producer.clone() }
+    }
+}
+
+impl JobProducer for WasmProducer {
+    async fn plan(&self) -> Result<Plan, ProducerError> {
+        match self.producer.plan().await {
+            Ok(PlanAnswer::Plan(plan)) => {
+                Ok(Plan { start: plan.start, stop: plan.stop, stop_all: plan.stop_all })
+            }
+            Ok(PlanAnswer::Finished) => Err(ProducerError::Finished),
+            Err(error) => Err(ProducerError::Failed(format!("producer {:?}: {error}", self.producer.name()))),
+        }
     }
 }

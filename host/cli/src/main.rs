@@ -185,8 +185,13 @@ fn init_logs(format: LogFormat, default_level: &str) {
 async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
     let config = pulse_config::load(&cli.config)?;
     if let Command::Check = cli.command {
-        run::load_plugins(&config)?;
-        println!("{}: valid; {} plugin(s) load as job handlers", cli.config.display(), config.plugins.len());
+        run::load(&config)?;
+        println!(
+            "{}: valid; {} plugin(s) load as job handlers, {} schedule producer(s) as job producers",
+            cli.config.display(),
+            config.plugins.len(),
+            config.schedules.len()
+        );
         return Ok(ExitCode::from(exit::OK));
     }
     if let Command::Run = cli.command {

@@ -1,20 +1,33 @@
-//! `pulse-host run`: loads the plugins, joins their pools, adds their
-//! workers, and serves until SIGINT or SIGTERM; then every worker leaves
-//! (its jobs move to the other hosts, or wait for a worker) and the host
-//! exits. A second signal exits at once.
+//! `pulse-host run`: loads the plugins and producers, joins their pools,
+//! adds their workers, starts the schedules, and serves until SIGINT or
+//! SIGTERM; then the schedules end here, every worker leaves (its jobs move
+//! to the other hosts, or wait for a worker) and the host exits. A second
+//! signal exits at once.
 
 use std::sync::Arc;
 
 use anyhow::Context;
 use pulse_config::{Config, Isolation};
 use pulse_pool::{Node, NodeOptions};
-use pulse_runtime::{Limits, PluginOptions, Runtime, RuntimeConfig};
+use pulse_runtime::{Limits, PluginOptions, ProducerOptions, Runtime, RuntimeConfig};
 
-use crate::adapter::WasmHandler;
+use crate::adapter::{WasmHandler, WasmProducer};
 
-/// Builds the runtime and loads every plugin, refusing any that is not a
-/// valid job handler.
-pub fn load_plugins(config: &Config) -> anyhow::Result<(Runtime, Vec<pulse_runtime::Plugin>)> {
+/// What a host runs: the runtime, and every plugin and producer of the
+/// configuration, loaded and checked.
+#[derive(Debug)]
+pub struct Loaded {
+    /// The runtime (kept alive while plugins run).
+    pub runtime: Runtime,
+    /// The `[[plugin]]`s, in file order.
+    pub plugins: Vec<pulse_runtime::Plugin>,
+    /// The producers of the `[[schedule]]`s, in file order.
+    pub producers: Vec<pulse_runtime::Producer>,
+}
+
+/// Builds the runtime and loads every plugin and producer, refusing any
+/// that is not a valid job handler or job producer.
+pub fn load(config: &Config) -> anyhow::Result<Loaded> {
     let mut runtime_config = RuntimeConfig::default()
         .max_instances(config.runtime.max_instances)
         .max_memory_per_instance(config.runtime.max_memory_per_instance)
@@ -26,11 +39,7 @@ pub fn load_plugins(config: &Config) -> anyhow::Result<(Runtime, Vec<pulse_runti
     let mut plugins = Vec::new();
     for plugin in &config.plugins {
         let options = PluginOptions {
-            limits: Limits {
-                memory: plugin.limits.memory,
-                call_timeout: plugin.limits.call_timeout,
-                fuel: plugin.limits.fuel,
-            },
+            limits: limits(&plugin.limits),
             settings: plugin.settings.clone(),
             isolation: match plugin.isolation {
                 Isolation::Job => pulse_runtime::Isolation::Job,
@@ -39,7 +48,17 @@ pub fn load_plugins(config: &Config) -> anyhow::Result<(Runtime, Vec<pulse_runti
         };
         plugins.push(runtime.load_file(&plugin.name, &plugin.path, options)?);
     }
-    Ok((runtime, plugins))
+    let mut producers = Vec::new();
+    for schedule in &config.schedules {
+        let options =
+            ProducerOptions { limits: limits(&schedule.limits), settings: schedule.settings.clone() };
+        producers.push(runtime.load_producer_file(&schedule.name, &schedule.path, options)?);
+    }
+    Ok(Loaded { runtime, plugins, producers })
+}
+
+fn limits(limits: &pulse_config::Limits) -> Limits {
+    Limits { memory: limits.memory, call_timeout: limits.call_timeout, fuel: limits.fuel }
 }
 
 /// A plugin's name and the SHA-256 of its file, as recorded with its pool.
@@ -65,27 +84,49 @@ pub fn node_options(config: &Config) -> NodeOptions {
 }
 
 pub async fn run(config: &Config, client: &redis::Client) -> anyhow::Result<()> {
-    let (_runtime, plugins) = load_plugins(config)?;
+    let loaded = load(config)?;
     let mut nodes: Vec<Arc<Node>> = Vec::new();
-    if let Err(error) = join_pools(config, client, &plugins, &mut nodes).await {
+    let mut clients: Vec<Arc<Node>> = Vec::new();
+    let mut schedules = Vec::new();
+    let started = async {
+        join_pools(config, client, &loaded.plugins, &mut nodes).await?;
+        start_schedules(config, client, &loaded.producers, &nodes, &mut clients, &mut schedules).await
+    };
+    if let Err(error) = started.await {
         // Leave what was joined: no slot may stay behind for a worker that
         // will never read its inbox.
-        for node in &nodes {
+        drop(schedules);
+        for node in nodes.iter().chain(&clients) {
             node.close().await;
         }
         return Err(error);
     }
-    tracing::info!(pools = nodes.len(), "running; Ctrl-C or SIGTERM to leave");
-    let all_shut_down = futures_util::future::join_all(nodes.iter().map(|node| node.pool_shut_down()));
-    tokio::select! {
-        result = wait_for_signal() => result?,
-        _ = all_shut_down => {
-            tracing::info!("every pool of this host was shut down; exiting");
-            for node in &nodes {
-                node.close().await;
-            }
-            return Ok(());
+    tracing::info!(pools = nodes.len(), schedules = schedules.len(), "running; Ctrl-C or SIGTERM to leave");
+    // A host with workers exits once all its pools shut down; one that
+    // only runs schedules, on a signal.
+    let all_shut_down = async {
+        if nodes.is_empty() {
+            std::future::pending::<()>().await;
         }
+        futures_util::future::join_all(nodes.iter().map(|node| node.pool_shut_down())).await;
+    };
+    let signalled = tokio::select! {
+        result = wait_for_signal() => { result?; true }
+        () = all_shut_down => {
+            tracing::info!("every pool of this host was shut down; exiting");
+            false
+        }
+    };
+    // Schedules end on this host only: the other hosts running them go on.
+    drop(schedules);
+    for node in &clients {
+        node.close().await;
+    }
+    if !signalled {
+        for node in &nodes {
+            node.close().await;
+        }
+        return Ok(());
     }
     tracing::info!("leaving: handing jobs to the other hosts (a second signal exits at once)");
     let leave = async {
@@ -99,6 +140,42 @@ pub async fn run(config: &Config, client: &redis::Client) -> anyhow::Result<()> 
             result?;
             tracing::warn!("second signal: exiting without handing the remaining jobs over");
         }
+    }
+    Ok(())
+}
+
+/// Starts each schedule on the node of its pool: this host's full node
+/// when it serves the pool, otherwise a client-only node (added to
+/// `clients`).
+async fn start_schedules(
+    config: &Config,
+    client: &redis::Client,
+    producers: &[pulse_runtime::Producer],
+    nodes: &[Arc<Node>],
+    clients: &mut Vec<Arc<Node>>,
+    schedules: &mut Vec<pulse_pool::Schedule>,
+) -> anyhow::Result<()> {
+    for (schedule, producer) in config.schedules.iter().zip(producers) {
+        let node = match nodes.iter().chain(clients.iter()).find(|node| node.pool() == schedule.pool) {
+            Some(node) => node.clone(),
+            None => {
+                let node = Arc::new(
+                    Node::client(client, &schedule.pool, node_options(config))
+                        .await
+                        .with_context(|| format!("failed to reach pool {:?}", schedule.pool))?,
+                );
+                clients.push(node.clone());
+                node
+            }
+        };
+        let running = node
+            .schedule(&schedule.name, schedule.interval, WasmProducer::new(producer))
+            .await
+            .with_context(|| {
+                format!("failed to start schedule {:?} of pool {:?}", schedule.name, schedule.pool)
+            })?;
+        tracing::info!(pool = %schedule.pool, schedule = %schedule.name, interval = ?schedule.interval, "schedule started");
+        schedules.push(running);
     }
     Ok(())
 }

@@ -30,6 +30,8 @@ pub struct Config {
     pub runtime: RuntimeConfig,
     /// The plugins, in file order.
     pub plugins: Vec<PluginConfig>,
+    /// The schedules, in file order.
+    pub schedules: Vec<ScheduleConfig>,
 }
 
 /// `[redis]`.
@@ -90,6 +92,25 @@ pub struct PluginConfig {
     /// `[plugin.limits]`.
     pub limits: Limits,
     /// `[plugin.settings]`.
+    pub settings: BTreeMap<String, String>,
+}
+
+/// One `[[schedule]]`: a job producer asked for a plan every `interval`
+/// on one node of `pool`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScheduleConfig {
+    /// `name`: the schedule's name in its pool.
+    pub name: String,
+    /// `path` of the producer component, resolved against the config
+    /// file's folder.
+    pub path: PathBuf,
+    /// `pool` whose jobs the plans start and stop.
+    pub pool: String,
+    /// `interval` between plans.
+    pub interval: Duration,
+    /// `[schedule.limits]` of each plan call.
+    pub limits: Limits,
+    /// `[schedule.settings]`.
     pub settings: BTreeMap<String, String>,
 }
 

@@ -9,7 +9,8 @@ use toml::Spanned;
 
 use crate::units::{self, DURATION_FORMS, SIZE_FORMS};
 use crate::{
-    Config, Isolation, Limits, NodeConfig, PluginConfig, Problem, RedisConfig, RuntimeConfig, line_of,
+    Config, Isolation, Limits, NodeConfig, PluginConfig, Problem, RedisConfig, RuntimeConfig, ScheduleConfig,
+    line_of,
 };
 
 #[derive(Debug, Deserialize, Default)]
@@ -23,6 +24,8 @@ pub(crate) struct File {
     runtime: Runtime,
     #[serde(default)]
     plugin: Vec<Plugin>,
+    #[serde(default)]
+    schedule: Vec<Schedule>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -67,6 +70,19 @@ struct Plugin {
     settings: BTreeMap<String, String>,
 }
 
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Schedule {
+    name: Spanned<String>,
+    path: Spanned<String>,
+    pool: Spanned<String>,
+    interval: Spanned<String>,
+    #[serde(default)]
+    limits: PluginLimits,
+    #[serde(default)]
+    settings: BTreeMap<String, String>,
+}
+
 #[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct PluginLimits {
@@ -100,6 +116,73 @@ impl Check<'_> {
             );
             default
         })
+    }
+
+    /// A plugin's or schedule's `limits`, checked against the runtime's.
+    fn limits(
+        &mut self,
+        what: &str,
+        name: &Spanned<String>,
+        limits: &PluginLimits,
+        runtime: &RuntimeConfig,
+    ) -> Limits {
+        let checked = Limits {
+            memory: self.size("limits.memory", limits.memory.as_ref(), 64 << 20),
+            call_timeout: self.duration("limits.call_timeout", limits.call_timeout.as_ref(), secs(10)),
+            fuel: limits.fuel,
+        };
+        if checked.memory > runtime.max_memory_per_instance
+            && let Some(memory) = &limits.memory
+        {
+            self.problem(
+                memory,
+                format!(
+                    "{what} {:?}: limits.memory exceeds runtime.max_memory_per_instance ({} bytes)",
+                    name.get_ref(),
+                    runtime.max_memory_per_instance
+                ),
+            );
+        }
+        if checked.fuel.is_some() && !runtime.fuel {
+            self.problem(name, format!("{what} {:?}: limits.fuel needs runtime.fuel = true", name.get_ref()));
+        }
+        checked
+    }
+
+    /// A component file, resolved against the config's folder.
+    fn component(
+        &mut self,
+        what: &str,
+        name: &str,
+        base: &Path,
+        path: &Spanned<String>,
+    ) -> std::path::PathBuf {
+        let resolved = base.join(path.get_ref());
+        if !resolved.is_file() {
+            self.problem(
+                path,
+                format!(
+                    "{what} {name:?}: no file at {} (build plugins with scripts/build-plugins)",
+                    resolved.display()
+                ),
+            );
+        }
+        resolved
+    }
+
+    /// A pool, ticker or plugin name.
+    fn name(&mut self, what: &str, name: &Spanned<String>) -> bool {
+        let valid = valid_name(name.get_ref());
+        if !valid {
+            self.problem(
+                name,
+                format!(
+                    "{what} name {:?}: allowed are 1 to 100 ASCII letters, digits, '-', '_' or '.'",
+                    name.get_ref()
+                ),
+            );
+        }
+        valid
     }
 
     fn size(&mut self, key: &str, value: Option<&Spanned<String>>, default: u64) -> u64 {
@@ -168,40 +251,15 @@ impl File {
         let mut plugins = Vec::new();
         for plugin in self.plugin {
             let name = plugin.name.get_ref().clone();
-            if !valid_name(&name) {
-                check.problem(
-                    &plugin.name,
-                    format!(
-                        "plugin name {name:?}: allowed are 1 to 100 ASCII letters, digits, '-', '_' or '.'"
-                    ),
-                );
-            } else if !names.insert(name.clone()) {
+            if check.name("plugin", &plugin.name) && !names.insert(name.clone()) {
                 check.problem(
                     &plugin.name,
                     format!("plugin name {name:?} is used twice; names must be unique"),
                 );
             }
-            let path = base.join(plugin.path.get_ref());
-            if !path.is_file() {
-                check.problem(
-                    &plugin.path,
-                    format!(
-                        "plugin {name:?}: no file at {} (build plugins with scripts/build-plugins)",
-                        path.display()
-                    ),
-                );
-            }
+            let path = check.component("plugin", &name, base, &plugin.path);
             let pool = match &plugin.pool {
-                Some(pool) if !valid_name(pool.get_ref()) => {
-                    check.problem(
-                        pool,
-                        format!(
-                            "pool name {:?}: allowed are 1 to 100 ASCII letters, digits, '-', '_' or '.'",
-                            pool.get_ref()
-                        ),
-                    );
-                    name.clone()
-                }
+                Some(pool) if !check.name("pool", pool) => name.clone(),
                 Some(pool) => pool.get_ref().clone(),
                 None => name.clone(),
             };
@@ -216,30 +274,7 @@ impl File {
                     Isolation::Job
                 }
             };
-            let limits = Limits {
-                memory: check.size("limits.memory", plugin.limits.memory.as_ref(), 64 << 20),
-                call_timeout: check.duration(
-                    "limits.call_timeout",
-                    plugin.limits.call_timeout.as_ref(),
-                    secs(10),
-                ),
-                fuel: plugin.limits.fuel,
-            };
-            if limits.memory > runtime.max_memory_per_instance
-                && let Some(memory) = &plugin.limits.memory
-            {
-                check.problem(
-                    memory,
-                    format!(
-                        "plugin {name:?}: limits.memory exceeds runtime.max_memory_per_instance ({} bytes)",
-                        runtime.max_memory_per_instance
-                    ),
-                );
-            }
-            if limits.fuel.is_some() && !runtime.fuel {
-                check
-                    .problem(&plugin.name, format!("plugin {name:?}: limits.fuel needs runtime.fuel = true"));
-            }
+            let limits = check.limits("plugin", &plugin.name, &plugin.limits, &runtime);
             plugins.push(PluginConfig {
                 name,
                 path,
@@ -248,6 +283,38 @@ impl File {
                 isolation,
                 limits,
                 settings: plugin.settings,
+            });
+        }
+        let mut schedule_names = HashSet::new();
+        let mut schedules = Vec::new();
+        for schedule in self.schedule {
+            let name = schedule.name.get_ref().clone();
+            let pool = schedule.pool.get_ref().clone();
+            if check.name("schedule", &schedule.name)
+                && check.name("pool", &schedule.pool)
+                && !schedule_names.insert((pool.clone(), name.clone()))
+            {
+                check.problem(
+                    &schedule.name,
+                    format!("schedule {name:?} of pool {pool:?} is declared twice; a pool's schedules need unique names"),
+                );
+            }
+            let path = check.component("schedule", &name, base, &schedule.path);
+            let interval = check.duration("interval", Some(&schedule.interval), secs(1));
+            if interval < millis(10) {
+                check.problem(
+                    &schedule.interval,
+                    format!("schedule {name:?}: `interval` must be at least 10ms"),
+                );
+            }
+            let limits = check.limits("schedule", &schedule.name, &schedule.limits, &runtime);
+            schedules.push(ScheduleConfig {
+                name,
+                path,
+                pool,
+                interval,
+                limits,
+                settings: schedule.settings,
             });
         }
         if !check.problems.is_empty() {
@@ -260,6 +327,7 @@ impl File {
             node,
             runtime,
             plugins,
+            schedules,
         })
     }
 }
@@ -314,6 +382,21 @@ mod tests {
         assert_eq!(config.redis.data_dir, Path::new("/etc/pulse/.pulse-host"));
         assert!(config.plugins.is_empty());
         assert_eq!(config.node.lease_ttl, std::time::Duration::from_secs(10));
+    }
+
+    #[test]
+    fn schedules_are_checked_like_plugins() {
+        let text = "[[schedule]]\nname = \"keep\"\npath = \"missing.wasm\"\npool = \"a b\"\ninterval = \"5ms\"\n\n\
+                    [[schedule]]\nname = \"x\"\npath = \"m.wasm\"\npool = \"p\"\ninterval = \"1s\"\nwhen = 3\n";
+        let error = parse(Path::new("/tmp/x/config.toml"), text).unwrap_err();
+        assert!(error.to_string().contains("unknown field `when`"), "{error}");
+        let error = parse(Path::new("/tmp/x/config.toml"), text.split("\n\n").next().unwrap()).unwrap_err();
+        let lines: Vec<_> = error.problems.iter().map(|p| p.line).collect();
+        assert_eq!(lines, [Some(4), Some(3), Some(5)], "{error}");
+        let message = error.to_string();
+        assert!(message.contains("pool name \"a b\": allowed are"), "{message}");
+        assert!(message.contains("schedule \"keep\": no file at"), "{message}");
+        assert!(message.contains("`interval` must be at least 10ms"), "{message}");
     }
 
     #[test]

@@ -3,10 +3,12 @@
 //!
 //! - `check`: configurations and plugins refused with precise messages.
 //! - `hosting`: a host runs plugins as workers; the CLI drives their jobs.
+//! - `schedules`: a host runs a producer plugin's schedule.
 #![allow(clippy::unwrap_used, reason = "tests and their helpers: a panic is the failure report")]
 
 mod check;
 mod hosting;
+mod schedules;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -53,18 +55,22 @@ pub struct Host {
 
 impl Host {
     pub fn start(config: &Path, redis: Option<&str>) -> Self {
+        Self::spawn(config, redis, Stdio::null())
+    }
+
+    /// A host whose log goes to the file `log`.
+    pub fn start_logging(config: &Path, redis: Option<&str>, log: &Path) -> Self {
+        Self::spawn(config, redis, std::fs::File::create(log).unwrap().into())
+    }
+
+    fn spawn(config: &Path, redis: Option<&str>, stderr: Stdio) -> Self {
         let mut command = Command::new(binary());
         command.arg("--config").arg(config).env_remove("PULSE_REDIS_URL");
         if let Some(url) = redis {
             command.args(["--redis", url]);
         }
-        let child = command
-            .arg("run")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        let child =
+            command.arg("run").stdin(Stdio::null()).stdout(Stdio::null()).stderr(stderr).spawn().unwrap();
         Self { child }
     }
 

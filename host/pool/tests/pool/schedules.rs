@@ -204,3 +204,39 @@ async fn a_schedule_converges_the_pool_to_each_plan_without_duplicate_starts() {
     assert_eq!(running(&a).await, ["z"].map(String::from).into());
     finish(&pool, &[&a, &b]).await;
 }
+
+#[tokio::test]
+async fn a_ticker_survives_redis_losing_its_data_but_not_a_stop() {
+    let pool = unique("ticker_loss");
+    let mut conn = pulse_testkit::connect(pulse_testkit::shared_redis_url()).await;
+    let epoch = format!("pulse:{{{pool}}}:epoch");
+    let tickers = format!("pulse:{{{pool}}}:tickers");
+    redis::cmd("SET").arg(&epoch).arg("before").exec_async(&mut conn).await.unwrap();
+    let node = pulse_pool::Node::client(&client(), &pool, options()).await.unwrap();
+    let mut ticker = node.ticker("t", Duration::from_millis(50)).await.unwrap();
+    assert!(within(&mut ticker).await.is_some());
+    // Data loss: the ticker and the epoch are gone; the ticker starts over.
+    redis::cmd("DEL").arg(&tickers).arg(&epoch).exec_async(&mut conn).await.unwrap();
+    let mut seqs = Vec::new();
+    while seqs.len() < 3 {
+        seqs.push(within(&mut ticker).await.expect("the ticker ended after data loss").seq);
+    }
+    assert!(seqs.contains(&1), "the ticker did not start over: {seqs:?}");
+    // The entry removed with the epoch unchanged is a stop.
+    redis::cmd("DEL").arg(&tickers).exec_async(&mut conn).await.unwrap();
+    let mut ended = false;
+    for _ in 0..3 {
+        if within(&mut ticker).await.is_none() {
+            ended = true;
+            break;
+        }
+    }
+    assert!(ended, "the ticker went on after its entry was removed");
+    node.close().await;
+    finish(&pool, &[]).await;
+}
+
+/// The ticker's next tick, or `None` when it ended.
+async fn within(ticker: &mut pulse_pool::Ticker) -> Option<Tick> {
+    tokio::time::timeout(PATIENCE, ticker.tick()).await.expect("neither a tick nor the end")
+}
