@@ -23,6 +23,9 @@
 //! - `rebalance`: 4 workers run 1,000 jobs; a fifth joins, then the first
 //!   leaves: time to settle, jobs moved vs expected, misplaced after
 //!   settling, most and fewest jobs per worker.
+//! - `ticker`: three processes hold one ticker (100 ms); the one that fired
+//!   last is killed with SIGKILL: ticks fired twice, missed, how late, and
+//!   the gap across the kill.
 //!
 //! `--quick` runs fewer iterations (a smoke test of the program itself).
 #![allow(clippy::print_stdout, reason = "the program's output is its RESULT lines")]
@@ -31,10 +34,11 @@ mod dispatch;
 mod membership;
 mod report;
 mod runtime;
+mod ticker;
 
 use std::process::ExitCode;
 
-const USAGE: &str = "usage: pulse-bench SCENARIO [--quick] [--jobs N] [--redis URL]\nscenarios: runtime, dispatch [noop|echo-job|echo-worker]..., failover, rebalance";
+const USAGE: &str = "usage: pulse-bench SCENARIO [--quick] [--jobs N] [--redis URL]\nscenarios: runtime, dispatch [noop|echo-job|echo-worker]..., failover, rebalance, ticker";
 
 /// Parsed command line.
 #[derive(Debug)]
@@ -102,6 +106,9 @@ fn main() -> ExitCode {
         "rebalance" => membership::rebalance(&args),
         // The worker processes of the failover scenario.
         membership::SERVE_COUNTING => membership::serve_counting(&args),
+        "ticker" => ticker::run(&args),
+        // The processes of the ticker scenario.
+        ticker::SERVE_TICKER => ticker::serve_ticker(&args),
         other => {
             eprintln!("pulse-bench: unknown scenario {other:?}\n{USAGE}");
             return ExitCode::from(2);
