@@ -101,6 +101,7 @@ impl Node {
                 !slots.snapshot().values().any(|w| handles.iter().any(|(id, _)| id == w))
             })
             .await;
+        let removed: Vec<String> = handles.iter().map(|(id, _)| id.clone()).collect();
         futures_util::future::join_all(handles.into_iter().map(|(id, handle)| async move {
             handle.leave().await;
             // Leaving for good is an eviction: anything the worker still
@@ -117,6 +118,10 @@ impl Node {
             tracing::info!(worker = %id, "worker left");
         }))
         .await;
+        // This node's listing no longer shows them once this returns.
+        core.workers
+            .wait_until(SETTLE, |workers| !workers.snapshot().keys().any(|id| removed.contains(id)))
+            .await;
         core.assign_queued().await
     }
 
