@@ -26,7 +26,8 @@ pub(crate) struct PoolKeys {
     pub(crate) epoch: String,
     /// Present while the pool shuts down.
     pub(crate) shutdown: String,
-    /// Tickers: name -> `next_due_ms:interval_ms:last_seq`, Redis time.
+    /// Tickers: name -> `next_due_ms:interval_ms:last_seq` (Redis time), or
+    /// `stopped`.
     pub(crate) tickers: String,
     /// What every key of the pool starts with.
     pub(crate) prefix: String,

@@ -47,8 +47,8 @@ pub struct Ticker {
 
 /// What `tick.lua` answered.
 enum Reply {
-    Wait { delay: Duration, epoch: String },
-    Fire { tick: Tick, delay: Duration, epoch: String },
+    Wait { delay: Duration },
+    Fire { tick: Tick, delay: Duration },
     Stopped,
 }
 
@@ -66,7 +66,7 @@ impl Ticker {
         if interval_ms == 0 {
             return Err(Error::ZeroInterval(name.to_owned()));
         }
-        let first = ask(&core, name, interval_ms, true, immediate, "").await?;
+        let first = ask(&core, name, interval_ms, true, immediate).await?;
         let (sender, ticks) = mpsc::channel(1);
         let task = tokio::spawn(run(core.clone(), name.to_owned(), interval_ms, first, sender));
         Ok(Self { name: name.to_owned(), ticks, task, core })
@@ -83,17 +83,19 @@ impl Ticker {
         self.ticks.recv().await
     }
 
-    /// Stops the ticker on every node: its shared entry is removed, and the
-    /// other nodes' tickers end when they next ask.
+    /// Stops the ticker on every node: its shared entry becomes `stopped`,
+    /// and the other nodes' tickers end when they next ask. (Holding it
+    /// again creates it anew.)
     ///
     /// # Errors
-    /// [`Error::Redis`] when the entry could not be removed.
+    /// [`Error::Redis`] when the entry could not be written.
     pub async fn stop(self) -> Result<()> {
         self.task.abort();
         let mut conn = self.core.conn.clone();
-        redis::cmd("HDEL")
+        redis::cmd("HSET")
             .arg(&self.core.keys.tickers)
             .arg(&self.name)
+            .arg("stopped")
             .query_async::<()>(&mut conn)
             .await
             .map_err(self.core.redis_error("stop a ticker"))
@@ -131,19 +133,14 @@ impl Drop for Ticker {
 /// The ticker's task: sleep until due, ask, deliver.
 async fn run(core: Arc<Core>, name: String, interval_ms: u64, first: Reply, sender: mpsc::Sender<Tick>) {
     let mut reply = Ok(first);
-    let mut epoch = String::new();
     loop {
         let delay = match reply {
             Ok(Reply::Stopped) => {
                 tracing::debug!(pool = %core.keys.pool, ticker = %name, "ticker stopped");
                 return;
             }
-            Ok(Reply::Wait { delay, epoch: seen }) => {
-                epoch = seen;
-                delay
-            }
-            Ok(Reply::Fire { tick, delay, epoch: seen }) => {
-                epoch = seen;
+            Ok(Reply::Wait { delay }) => delay,
+            Ok(Reply::Fire { tick, delay }) => {
                 if tick.missed > 0 {
                     tracing::info!(pool = %core.keys.pool, ticker = %name, seq = tick.seq, missed = tick.missed, late = ?tick.late, "ticks missed");
                 }
@@ -164,18 +161,11 @@ async fn run(core: Arc<Core>, name: String, interval_ms: u64, first: Reply, send
         // ticks to the other nodes.
         let Ok(permit) = sender.reserve().await else { return };
         drop(permit);
-        reply = ask(&core, &name, interval_ms, false, false, &epoch).await;
+        reply = ask(&core, &name, interval_ms, false, false).await;
     }
 }
 
-async fn ask(
-    core: &Core,
-    name: &str,
-    interval_ms: u64,
-    create: bool,
-    immediate: bool,
-    epoch: &str,
-) -> Result<Reply> {
+async fn ask(core: &Core, name: &str, interval_ms: u64, create: bool, immediate: bool) -> Result<Reply> {
     let mut conn = core.conn.clone();
     let answer: Vec<String> = scripts::TICK
         .key(&core.keys.tickers)
@@ -184,21 +174,18 @@ async fn ask(
         .arg(interval_ms)
         .arg(if create { "1" } else { "0" })
         .arg(if immediate { "1" } else { "0" })
-        .arg(epoch)
         .invoke_async(&mut conn)
         .await
         .map_err(core.redis_error("advance a ticker"))?;
     let protocol = || Error::Protocol { op: "advance a ticker", answer: format!("{answer:?}") };
-    let text = |i: usize| -> Result<String> { answer.get(i).cloned().ok_or_else(protocol) };
     let number =
         |i: usize| -> Result<u64> { answer.get(i).and_then(|v| v.parse().ok()).ok_or_else(protocol) };
-    match text(0)?.as_str() {
-        "stopped" => Ok(Reply::Stopped),
-        "wait" => Ok(Reply::Wait { delay: Duration::from_millis(number(1)?), epoch: text(4)? }),
-        "fire" => Ok(Reply::Fire {
+    match answer.first().map(String::as_str) {
+        Some("stopped") => Ok(Reply::Stopped),
+        Some("wait") => Ok(Reply::Wait { delay: Duration::from_millis(number(1)?) }),
+        Some("fire") => Ok(Reply::Fire {
             delay: Duration::from_millis(number(1)?),
-            tick: Tick { seq: number(3)?, missed: number(4)?, late: Duration::from_millis(number(6)?) },
-            epoch: text(5)?,
+            tick: Tick { seq: number(3)?, missed: number(4)?, late: Duration::from_millis(number(5)?) },
         }),
         _ => Err(protocol()),
     }

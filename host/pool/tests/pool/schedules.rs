@@ -206,7 +206,7 @@ async fn a_schedule_converges_the_pool_to_each_plan_without_duplicate_starts() {
 }
 
 #[tokio::test]
-async fn a_ticker_survives_redis_losing_its_data_but_not_a_stop() {
+async fn a_ticker_waits_while_its_pool_is_gone_and_starts_over_once_it_is_back() {
     let pool = unique("ticker_loss");
     let mut conn = pulse_testkit::connect(pulse_testkit::shared_redis_url()).await;
     let epoch = format!("pulse:{{{pool}}}:epoch");
@@ -215,15 +215,22 @@ async fn a_ticker_survives_redis_losing_its_data_but_not_a_stop() {
     let node = pulse_pool::Node::client(&client(), &pool, options()).await.unwrap();
     let mut ticker = node.ticker("t", Duration::from_millis(50)).await.unwrap();
     assert!(within(&mut ticker).await.is_some());
-    // Data loss: the ticker and the epoch are gone; the ticker starts over.
+    // Data loss (or a shutdown): the ticker and the epoch are gone. The
+    // ticker fires nothing and does not recreate its entry...
     redis::cmd("DEL").arg(&tickers).arg(&epoch).exec_async(&mut conn).await.unwrap();
+    let quiet = tokio::time::timeout(Duration::from_millis(300), ticker.tick()).await;
+    assert!(quiet.is_err(), "a tick fired while the pool was gone: {quiet:?}");
+    let exists: bool = redis::cmd("EXISTS").arg(&tickers).query_async(&mut conn).await.unwrap();
+    assert!(!exists, "the entry was recreated while the pool was gone");
+    // ...until the pool exists again: then it starts over.
+    redis::cmd("SET").arg(&epoch).arg("after").exec_async(&mut conn).await.unwrap();
     let mut seqs = Vec::new();
     while seqs.len() < 3 {
         seqs.push(within(&mut ticker).await.expect("the ticker ended after data loss").seq);
     }
     assert!(seqs.contains(&1), "the ticker did not start over: {seqs:?}");
-    // The entry removed with the epoch unchanged is a stop.
-    redis::cmd("DEL").arg(&tickers).exec_async(&mut conn).await.unwrap();
+    // A stop from another holder ends it; holding it again creates it anew.
+    node.ticker("t", Duration::from_millis(50)).await.unwrap().stop().await.unwrap();
     let mut ended = false;
     for _ in 0..3 {
         if within(&mut ticker).await.is_none() {
@@ -231,7 +238,10 @@ async fn a_ticker_survives_redis_losing_its_data_but_not_a_stop() {
             break;
         }
     }
-    assert!(ended, "the ticker went on after its entry was removed");
+    assert!(ended, "the ticker went on after a stop");
+    let mut again = node.ticker("t", Duration::from_millis(50)).await.unwrap();
+    assert_eq!(within(&mut again).await.map(|tick| tick.seq), Some(1));
+    again.stop().await.unwrap();
     node.close().await;
     finish(&pool, &[]).await;
 }
