@@ -14,7 +14,7 @@
 //! Job counts: 20,000 for `noop` and `echo-worker`, 5,000 for `echo-job`
 //! (each live job holds an instance); `--jobs N` sets all of them.
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::Read;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -146,17 +146,7 @@ pub fn run(args: &Args) -> BenchResult {
 }
 
 fn spawn_noop_workers(url: &str, pool: &str) -> Result<Child, Box<dyn std::error::Error>> {
-    let mut workers = Command::new(std::env::current_exe()?)
-        .args([SERVE_WORKERS, "--redis", url, "--pool", pool])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()?;
-    let mut ready = String::new();
-    BufReader::new(workers.stdout.take().ok_or("no stdout")?).read_line(&mut ready)?;
-    if ready.trim() != "ready" {
-        return Err(format!("the worker process did not start: {ready:?}").into());
-    }
-    Ok(workers)
+    crate::process::spawn_ready(&[SERVE_WORKERS, "--redis", url, "--pool", pool])
 }
 
 /// Starts the host's own `run` in another process, serving the `echo`

@@ -32,6 +32,7 @@
 
 mod dispatch;
 mod membership;
+mod process;
 mod report;
 mod runtime;
 mod ticker;

@@ -14,8 +14,7 @@
 //!   misplaced jobs after settling, most and fewest jobs per worker.
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::{BufRead as _, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -100,17 +99,16 @@ struct Process(Child);
 
 impl Process {
     fn spawn(url: &str, pool: &str, workers: usize) -> BenchResult<Self> {
-        let mut child = Command::new(std::env::current_exe()?)
-            .args([SERVE_COUNTING, "--redis", url, "--pool", pool, "--workers", &workers.to_string()])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()?;
-        let mut ready = String::new();
-        BufReader::new(child.stdout.take().ok_or("no stdout")?).read_line(&mut ready)?;
-        if ready.trim() != "ready" {
-            return Err(format!("the worker process did not start: {ready:?}").into());
-        }
-        Ok(Self(child))
+        let workers = workers.to_string();
+        Ok(Self(crate::process::spawn_ready(&[
+            SERVE_COUNTING,
+            "--redis",
+            url,
+            "--pool",
+            pool,
+            "--workers",
+            &workers,
+        ])?))
     }
 }
 
