@@ -144,7 +144,8 @@ async fn run(core: Arc<Core>, name: String, interval_ms: u64, first: Reply, send
                 if tick.missed > 0 {
                     tracing::info!(pool = %core.keys.pool, ticker = %name, seq = tick.seq, missed = tick.missed, late = ?tick.late, "ticks missed");
                 }
-                // The permit was taken before asking, so this cannot block.
+                // The channel had room when we asked and only this task
+                // sends, so this does not block.
                 if sender.send(tick).await.is_err() {
                     return;
                 }

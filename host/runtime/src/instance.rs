@@ -161,10 +161,7 @@ impl Instance {
     /// Makes one guest call under the plugin's limits.
     pub(crate) async fn call(&mut self, call: GuestCall<'_>) -> Result<(), CallError> {
         let limits = self.limits;
-        if self.fuel_enabled {
-            let fuel = limits.fuel.unwrap_or(u64::MAX);
-            self.store.set_fuel(fuel).map_err(|e| CallError::Trap(format!("{e:#}")))?;
-        }
+        refuel(&mut self.store, &limits, self.fuel_enabled)?;
         let span = tracing::info_span!("call", job.key = call.key(), call = call.name());
         let handler = self.bindings.pulse_job_handler();
         let store = &mut self.store;
@@ -209,6 +206,19 @@ pub(crate) fn new_store(
         store.set_fuel(u64::MAX).map_err(|e| CallError::Instantiate(format!("{e:#}")))?;
     }
     Ok(store)
+}
+
+/// Gives the store the fuel budget of one call (when fuel is enabled).
+pub(crate) fn refuel(
+    store: &mut Store<HostState>,
+    limits: &Limits,
+    fuel_enabled: bool,
+) -> Result<(), CallError> {
+    if fuel_enabled {
+        let fuel = limits.fuel.unwrap_or(u64::MAX);
+        store.set_fuel(fuel).map_err(|e| CallError::Trap(format!("{e:#}")))?;
+    }
+    Ok(())
 }
 
 /// Turns a wasmtime error from a call into a typed outcome.

@@ -13,7 +13,7 @@ use crate::bindings::producer::exports::pulse::job::producer as wit;
 use crate::engine::RuntimeInner;
 use crate::error::{CallError, HostRefusal, JobError, LoadError};
 use crate::host::HostState;
-use crate::instance::{classify, new_store};
+use crate::instance::{classify, new_store, refuel};
 use crate::limits::{Limiter, Limits};
 use crate::outputs::{BoxFuture, JobOutputs};
 use crate::plugin::{check_options, compile};
@@ -109,10 +109,7 @@ impl Producer {
             tokio::sync::mpsc::channel(1).0.downgrade(),
         );
         let mut store = new_store(inner.pre.engine(), state, inner.fuel_enabled)?;
-        if inner.fuel_enabled {
-            let fuel = inner.limits.fuel.unwrap_or(u64::MAX);
-            store.set_fuel(fuel).map_err(|e| CallError::Trap(format!("{e:#}")))?;
-        }
+        refuel(&mut store, &inner.limits, inner.fuel_enabled)?;
         let span = tracing::info_span!("plan", producer = %inner.name);
         let call = async {
             let bindings = inner
