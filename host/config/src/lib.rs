@@ -32,6 +32,22 @@ pub struct Config {
     pub plugins: Vec<PluginConfig>,
     /// The schedules, in file order.
     pub schedules: Vec<ScheduleConfig>,
+    /// `[http]`: the HTTP API, metrics and status page; none when the
+    /// section is absent (nothing is served).
+    pub http: Option<HttpConfig>,
+}
+
+/// `[http]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpConfig {
+    /// `listen`: the address to serve on (default `127.0.0.1:7070`; a port
+    /// alone means loopback).
+    pub listen: std::net::SocketAddr,
+    /// `token`: when set, every request but `/healthz` and `/readyz` needs
+    /// `Authorization: Bearer <token>`.
+    pub token: Option<String>,
+    /// `max_body`: the largest request body accepted, bytes.
+    pub max_body: u64,
 }
 
 /// `[redis]`.

@@ -9,8 +9,8 @@ use toml::Spanned;
 
 use crate::units::{self, DURATION_FORMS, SIZE_FORMS};
 use crate::{
-    Config, Isolation, Limits, NodeConfig, PluginConfig, Problem, RedisConfig, RuntimeConfig, ScheduleConfig,
-    line_of,
+    Config, HttpConfig, Isolation, Limits, NodeConfig, PluginConfig, Problem, RedisConfig, RuntimeConfig,
+    ScheduleConfig, line_of,
 };
 
 #[derive(Debug, Deserialize, Default)]
@@ -26,6 +26,15 @@ pub(crate) struct File {
     plugin: Vec<Plugin>,
     #[serde(default)]
     schedule: Vec<Schedule>,
+    http: Option<Http>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct Http {
+    listen: Option<Spanned<String>>,
+    token: Option<Spanned<String>>,
+    max_body: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -194,6 +203,52 @@ impl Check<'_> {
     }
 }
 
+impl Check<'_> {
+    /// `[http]`: the address (a port alone means loopback), the token, the
+    /// body limit.
+    fn http(&mut self, http: &Http) -> HttpConfig {
+        let default_listen = std::net::SocketAddr::from(([127, 0, 0, 1], 7070));
+        let listen = match &http.listen {
+            None => default_listen,
+            Some(value) => {
+                let text = value.get_ref().trim();
+                let parsed = text
+                    .parse::<u16>()
+                    .map(|port| std::net::SocketAddr::from(([127, 0, 0, 1], port)))
+                    .or_else(|_| text.parse::<std::net::SocketAddr>());
+                parsed.unwrap_or_else(|_| {
+                    self.problem(
+                        value,
+                        format!(
+                            "`http.listen` = {text:?} is not an address: write an IP and a port \
+                             (\"127.0.0.1:7070\", \"0.0.0.0:7070\", \"[::1]:7070\") or a port alone for loopback"
+                        ),
+                    );
+                    default_listen
+                })
+            }
+        };
+        let token = http.token.as_ref().and_then(|token| {
+            let text = token.get_ref();
+            let valid = text.len() >= 16 && text.bytes().all(|b| b.is_ascii_graphic());
+            if !valid {
+                self.problem(
+                    token,
+                    "`http.token` must be at least 16 printable ASCII characters, without spaces".into(),
+                );
+            }
+            valid.then(|| text.clone())
+        });
+        let max_body = self.size("http.max_body", http.max_body.as_ref(), 4 << 20);
+        if let Some(value) = &http.max_body
+            && max_body == 0
+        {
+            self.problem(value, "`http.max_body` must be more than 0".into());
+        }
+        HttpConfig { listen, token, max_body }
+    }
+}
+
 impl File {
     pub(crate) fn validate(self, base: &Path, text: &str) -> Result<Config, Vec<Problem>> {
         let mut check = Check { text, problems: Vec::new() };
@@ -317,6 +372,7 @@ impl File {
                 settings: schedule.settings,
             });
         }
+        let http = self.http.map(|http| check.http(&http));
         if !check.problems.is_empty() {
             return Err(check.problems);
         }
@@ -328,6 +384,7 @@ impl File {
             runtime,
             plugins,
             schedules,
+            http,
         })
     }
 }
@@ -397,6 +454,28 @@ mod tests {
         assert!(message.contains("pool name \"a b\": allowed are"), "{message}");
         assert!(message.contains("schedule \"keep\": no file at"), "{message}");
         assert!(message.contains("`interval` must be at least 10ms"), "{message}");
+    }
+
+    #[test]
+    fn http_is_off_unless_its_section_is_there() {
+        let config = parse(Path::new("c.toml"), "").unwrap();
+        assert_eq!(config.http, None);
+        let config = parse(Path::new("c.toml"), "[http]\n").unwrap();
+        let http = config.http.unwrap();
+        assert_eq!(http.listen.to_string(), "127.0.0.1:7070");
+        assert_eq!((http.token, http.max_body), (None, 4 << 20));
+        let config = parse(Path::new("c.toml"), "[http]\nlisten = \"8081\"\nmax_body = \"64KiB\"\n").unwrap();
+        let http = config.http.unwrap();
+        assert_eq!((http.listen.to_string(), http.max_body), ("127.0.0.1:8081".to_owned(), 64 << 10));
+    }
+
+    #[test]
+    fn bad_http_settings_are_refused_with_their_lines() {
+        let text = "[http]\nlisten = \"localhost\"\ntoken = \"short\"\nmax_body = \"0B\"\n";
+        let error = parse(Path::new("c.toml"), text).unwrap_err().to_string();
+        assert!(error.contains("c.toml:2: `http.listen` = \"localhost\" is not an address"), "{error}");
+        assert!(error.contains("c.toml:3: `http.token` must be at least 16"), "{error}");
+        assert!(error.contains("c.toml:4: `http.max_body` must be more than 0"), "{error}");
     }
 
     #[test]
