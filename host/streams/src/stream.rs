@@ -155,6 +155,25 @@ impl Stream {
             .map_err(|source| Error::Redis { op: "count events", stream: self.inner.name.clone(), source })
     }
 
+    /// The newest `count` events, newest first (entries that do not decode
+    /// are skipped).
+    ///
+    /// # Errors
+    /// [`Error::Redis`].
+    pub async fn latest(&self, count: usize) -> Result<Vec<crate::Event>> {
+        let mut conn = self.inner.conn.clone();
+        let reply: redis::streams::StreamRangeReply = redis::cmd("XREVRANGE")
+            .arg(&self.inner.keys.stream)
+            .arg("+")
+            .arg("-")
+            .arg("COUNT")
+            .arg(count)
+            .query_async(&mut conn)
+            .await
+            .map_err(|source| Error::Redis { op: "read events", stream: self.inner.name.clone(), source })?;
+        Ok(reply.ids.iter().filter_map(crate::Event::decode).collect())
+    }
+
     /// Deletes the stream, its groups and their bookkeeping. Readers and
     /// sinks of it see no more events; a sink recreates its group if events
     /// are added again.

@@ -24,6 +24,20 @@ async fn add_returns_increasing_ids_and_stores_name_payload_and_topic() {
 }
 
 #[tokio::test]
+async fn latest_reads_the_newest_events_newest_first() {
+    let name = unique("latest");
+    let stream = open(&name, StreamOptions::default()).await;
+    assert!(stream.latest(5).await.unwrap().is_empty(), "a stream not yet created has no events");
+    for i in 0..4 {
+        stream.add("e", i.to_string().as_bytes(), Some("k")).await.unwrap();
+    }
+    let latest = stream.latest(3).await.unwrap();
+    assert_eq!(crate::payloads(&latest), ["3", "2", "1"]);
+    assert_eq!(latest[0].topic.as_deref(), Some("k"));
+    destroy_and_check(&stream, &name).await;
+}
+
+#[tokio::test]
 async fn a_full_stream_trims_only_what_every_group_acknowledged_then_refuses() {
     let name = unique("bounded");
     let stream = open(&name, StreamOptions::default().max_len(4)).await;
