@@ -38,3 +38,4 @@ script!(RENEW, "renew.lua");
 script!(EVICT, "evict.lua");
 script!(REASSERT, "reassert.lua");
 script!(TICK, "tick.lua");
+script!(COUNTS, "counts.lua");

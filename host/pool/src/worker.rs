@@ -693,6 +693,8 @@ impl<H: JobHandler> Worker<H> {
         }
         tracing::info!(jobs = misplaced.len(), "moving jobs whose keys route elsewhere");
         let handed = self.hand_back(misplaced, inbox, ended).await;
+        self.core.metrics.rebalances.increment(1);
+        self.core.metrics.moved_jobs.increment(handed.len() as u64);
         for key in handed {
             if let Err(error) = self.core.assign(&key).await {
                 tracing::warn!(job.key = %key, error = %error, "failed to assign a moved job; it stays queued");

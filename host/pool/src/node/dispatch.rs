@@ -24,6 +24,15 @@ impl Node {
     /// Not cancel safe: once sent, the job is dispatched whether or not the
     /// answer is awaited.
     pub async fn dispatch(&self, key: &str, payload: &[u8]) -> Result<DispatchOutcome> {
+        let started = std::time::Instant::now();
+        let outcome = self.send_dispatch(key, payload).await;
+        if let Ok(outcome) = &outcome {
+            self.core.metrics.dispatched(outcome, started.elapsed());
+        }
+        outcome
+    }
+
+    async fn send_dispatch(&self, key: &str, payload: &[u8]) -> Result<DispatchOutcome> {
         self.validate(key, payload.len())?;
         let core = &self.core;
         let keys = &core.keys;

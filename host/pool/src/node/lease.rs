@@ -314,6 +314,8 @@ impl Core {
     /// One janitor round: evicts expired workers, then assigns queued jobs.
     async fn janitor(&self) -> Result<()> {
         for (worker, jobs) in self.evict(None).await? {
+            self.metrics.evictions.increment(1);
+            self.metrics.evicted_jobs.increment(jobs);
             tracing::warn!(worker = %worker, jobs, "evicted a worker whose lease expired; its jobs are queued");
         }
         self.assign_queued().await
@@ -384,7 +386,10 @@ pub(crate) async fn run(core: Arc<Core>, token: CancellationToken, shutdown: wat
                 return;
             }
             Ok(false) => {}
-            Err(error) => tracing::warn!(error = %error, "failed to renew leases"),
+            Err(error) => {
+                core.metrics.renewals_failed.increment(1);
+                tracing::warn!(error = %error, "failed to renew leases");
+            }
         }
         if let Err(error) = core.janitor().await {
             tracing::warn!(error = %error, "janitor round failed");

@@ -26,6 +26,17 @@ pub struct WorkerInfo {
     pub jobs: u64,
 }
 
+/// How many jobs a pool holds, by state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct JobCounts {
+    /// Owned by a worker: running, or moving to another worker.
+    pub running: u64,
+    /// Waiting for a worker.
+    pub queued: u64,
+    /// Failed, waiting for `retry` or `forget`.
+    pub failed: u64,
+}
+
 /// What the pool knows of a full node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeInfo {
@@ -77,39 +88,70 @@ impl Node {
     /// # Errors
     /// Redis failures.
     pub async fn jobs(&self) -> Result<Vec<JobInfo>> {
-        let keys = &self.core.keys;
-        let mut conn = self.core.conn.clone();
-        let mut cursor: u64 = 0;
         let mut jobs = Vec::new();
+        let mut cursor = 0;
         loop {
-            let (next, batch): (u64, Vec<(String, String)>) = redis::cmd("HSCAN")
-                .arg(&keys.jobs)
-                .arg(cursor)
-                .arg("COUNT")
-                .arg(500)
-                .query_async(&mut conn)
-                .await
-                .map_err(self.core.redis_error("list jobs"))?;
-            if batch.is_empty() && next == 0 {
-                return Ok(jobs);
-            }
-            let mut pipe = redis::pipe();
-            for (key, _) in &batch {
-                pipe.cmd("HMGET").arg(keys.record(key)).arg(&["created", "attempt", "reason"]);
-            }
-            let records: Vec<Record> =
-                pipe.query_async(&mut conn).await.map_err(self.core.redis_error("list jobs"))?;
-            jobs.extend(
-                batch
-                    .iter()
-                    .zip(records)
-                    .filter_map(|((key, ownership), record)| info(key, ownership, record)),
-            );
+            let (next, page) = self.jobs_page(cursor, 500).await?;
+            jobs.extend(page);
             if next == 0 {
                 return Ok(jobs);
             }
             cursor = next;
         }
+    }
+
+    /// One page of the pool's jobs, about `count` of them (Redis `HSCAN`:
+    /// a page may hold a few more or fewer), from `cursor` (0 at first).
+    /// Returns the next cursor, 0 after the last page. A job present the
+    /// whole time is listed at least once; its cost is that of the page,
+    /// whatever the number of jobs.
+    ///
+    /// # Errors
+    /// Redis failures.
+    pub async fn jobs_page(&self, cursor: u64, count: usize) -> Result<(u64, Vec<JobInfo>)> {
+        let keys = &self.core.keys;
+        let mut conn = self.core.conn.clone();
+        let (next, batch): (u64, Vec<(String, String)>) = redis::cmd("HSCAN")
+            .arg(&keys.jobs)
+            .arg(cursor)
+            .arg("COUNT")
+            .arg(count.max(1))
+            .query_async(&mut conn)
+            .await
+            .map_err(self.core.redis_error("list jobs"))?;
+        if batch.is_empty() {
+            return Ok((next, Vec::new()));
+        }
+        let mut pipe = redis::pipe();
+        for (key, _) in &batch {
+            pipe.cmd("HMGET").arg(keys.record(key)).arg(&["created", "attempt", "reason"]);
+        }
+        let records: Vec<Record> =
+            pipe.query_async(&mut conn).await.map_err(self.core.redis_error("list jobs"))?;
+        let jobs = batch
+            .iter()
+            .zip(records)
+            .filter_map(|((key, ownership), record)| info(key, ownership, record))
+            .collect();
+        Ok((next, jobs))
+    }
+
+    /// How many jobs the pool holds, by state: one script, costing
+    /// O(workers), whatever the number of jobs.
+    ///
+    /// # Errors
+    /// Redis failures.
+    pub async fn job_counts(&self) -> Result<JobCounts> {
+        let keys = &self.core.keys;
+        let mut invocation = crate::scripts::COUNTS.key(&keys.jobs);
+        invocation.key(&keys.queued);
+        for (worker, _) in self.core.workers.snapshot() {
+            invocation.key(keys.worker_jobs(&worker));
+        }
+        let mut conn = self.core.conn.clone();
+        let (total, queued, owned): (u64, u64, u64) =
+            invocation.invoke_async(&mut conn).await.map_err(self.core.redis_error("count jobs"))?;
+        Ok(JobCounts { running: owned, queued, failed: total.saturating_sub(queued + owned) })
     }
 
     /// The pool's workers, by join number.

@@ -32,7 +32,7 @@ use crate::keys::{PoolKeys, SLOTS_MAP, WORKERS_MAP, validate_pool};
 use crate::scripts;
 use crate::worker::WorkerHandle;
 
-pub use listing::{NodeInfo, WorkerInfo};
+pub use listing::{JobCounts, NodeInfo, WorkerInfo};
 
 /// Options of a node.
 ///
@@ -98,6 +98,7 @@ pub(crate) struct Core {
     pub(crate) workers: Map,
     pub(crate) waiters: replies::Waiters,
     pub(crate) lease: lease::Lease,
+    pub(crate) metrics: crate::metrics::PoolMetrics,
     next_request: AtomicU64,
     /// Scripts refused for a stale slot table or a moved owner, retried.
     pub(crate) routing_retries: AtomicU64,
@@ -233,6 +234,7 @@ impl Node {
             workers,
             waiters: replies::Waiters::default(),
             lease: lease::Lease::new(epoch),
+            metrics: crate::metrics::PoolMetrics::new(pool),
             next_request: AtomicU64::new(0),
             routing_retries: AtomicU64::new(0),
         });
@@ -274,6 +276,11 @@ impl Node {
     /// changed: a measure of membership churn (0 in a steady pool).
     pub fn routing_retries(&self) -> u64 {
         self.core.routing_retries.load(Ordering::Relaxed)
+    }
+
+    /// The Redis client this node was made with.
+    pub fn redis_client(&self) -> redis::Client {
+        self.core.client.clone()
     }
 
     /// The pool's name.
