@@ -20,6 +20,7 @@ use crate::error::{CallError, JobError};
 use crate::host::{HostState, JobSlot};
 use crate::job::Job;
 use crate::limits::{Limiter, Limits, MemoryLimitExceeded};
+use crate::metrics::PluginMetrics;
 use crate::outputs::JobOutputs;
 use crate::plugin::PluginInner;
 
@@ -59,6 +60,7 @@ pub struct Instance {
     bindings: JobHandler,
     limits: Limits,
     fuel_enabled: bool,
+    metrics: Arc<PluginMetrics>,
 }
 
 impl Instance {
@@ -69,15 +71,23 @@ impl Instance {
         outputs: Arc<dyn JobOutputs>,
         commands: mpsc::WeakSender<Command>,
     ) -> Result<Self, CallError> {
-        let state =
-            HostState::new(Limiter::new(plugin.limits.memory), plugin.settings.clone(), outputs, commands);
+        let limiter = Limiter::new(plugin.limits.memory, plugin.metrics.clone());
+        let state = HostState::new(limiter, plugin.settings.clone(), outputs, commands);
         let mut store = new_store(plugin.pre.engine(), state, plugin.fuel_enabled)?;
+        let started = std::time::Instant::now();
         let bindings = plugin
             .pre
             .instantiate_async(&mut store)
             .await
             .map_err(|e| classify(e, &plugin.limits).into_instantiate())?;
-        Ok(Self { store, bindings, limits: plugin.limits, fuel_enabled: plugin.fuel_enabled })
+        plugin.metrics.instantiated(started.elapsed());
+        Ok(Self {
+            store,
+            bindings,
+            limits: plugin.limits,
+            fuel_enabled: plugin.fuel_enabled,
+            metrics: plugin.metrics.clone(),
+        })
     }
 
     /// Starts `job` in this instance.
@@ -175,12 +185,14 @@ impl Instance {
         };
         // Dropping the call future at the timeout abandons the guest mid-call;
         // the instance is then poisoned and dropped (see `poisons_instance`).
-        match tokio::time::timeout(limits.call_timeout, outcome.instrument(span)).await {
+        let result = match tokio::time::timeout(limits.call_timeout, outcome.instrument(span)).await {
             Err(_elapsed) => Err(CallError::Timeout(limits.call_timeout)),
             Ok(Err(trap)) => Err(classify(trap, &limits)),
             Ok(Ok(Err(guest))) => Err(CallError::Guest(from_wit(guest))),
             Ok(Ok(Ok(()))) => Ok(()),
-        }
+        };
+        self.metrics.call(call.name(), &result);
+        result
     }
 }
 

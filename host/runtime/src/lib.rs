@@ -46,6 +46,7 @@ mod host;
 mod instance;
 mod job;
 mod limits;
+pub mod metrics;
 mod outputs;
 mod plugin;
 mod producer;

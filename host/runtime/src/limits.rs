@@ -1,6 +1,9 @@
 //! Per-plugin limits and the store's resource limiter.
 
+use std::sync::Arc;
 use std::time::Duration;
+
+use crate::metrics::PluginMetrics;
 
 /// Limits that apply to every instance of one plugin.
 ///
@@ -35,9 +38,19 @@ pub(crate) struct MemoryLimitExceeded {
 
 /// Enforces [`Limits::memory`] and caps tables; traps on denial instead of
 /// failing the growth, so a guest allocator cannot misreport the cause.
-#[derive(Debug)]
+/// It also accounts the instance's memory to its plugin's metrics: added
+/// as it grows, taken back when the store (and so the limiter) is dropped.
 pub(crate) struct Limiter {
     memory: u64,
+    /// The instance's linear memory now, bytes.
+    used: u64,
+    metrics: Arc<PluginMetrics>,
+}
+
+impl std::fmt::Debug for Limiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Limiter").field("memory", &self.memory).field("used", &self.used).finish()
+    }
 }
 
 /// Table elements an instance may have: generous for any Rust component
@@ -45,15 +58,23 @@ pub(crate) struct Limiter {
 const MAX_TABLE_ELEMENTS: usize = 100_000;
 
 impl Limiter {
-    pub(crate) fn new(memory: u64) -> Self {
-        Self { memory }
+    pub(crate) fn new(memory: u64, metrics: Arc<PluginMetrics>) -> Self {
+        metrics.instances.increment(1.0);
+        Self { memory, used: 0, metrics }
+    }
+}
+
+impl Drop for Limiter {
+    fn drop(&mut self) {
+        self.metrics.instances.decrement(1.0);
+        self.metrics.memory.decrement(self.used as f64);
     }
 }
 
 impl wasmtime::ResourceLimiter for Limiter {
     fn memory_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
@@ -62,6 +83,11 @@ impl wasmtime::ResourceLimiter for Limiter {
             tracing::warn!(limit = self.memory, wanted, "denied memory growth");
             return Err(MemoryLimitExceeded { limit: self.memory, wanted }.into());
         }
+        // Also called for the initial memory (current 0). A component may
+        // have several memories: each growth adds its own difference.
+        let grown = wanted.saturating_sub(current as u64);
+        self.used += grown;
+        self.metrics.memory.increment(grown as f64);
         Ok(true)
     }
 

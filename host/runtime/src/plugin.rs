@@ -11,6 +11,7 @@ use crate::error::{CallError, LoadError};
 use crate::host::HostState;
 use crate::instance::Instance;
 use crate::limits::Limits;
+use crate::metrics::PluginMetrics;
 use crate::outputs::JobOutputs;
 use crate::runner::JobRunner;
 
@@ -53,6 +54,7 @@ pub(crate) struct PluginInner {
     pub(crate) settings: Arc<BTreeMap<String, String>>,
     pub(crate) isolation: Isolation,
     pub(crate) fuel_enabled: bool,
+    pub(crate) metrics: Arc<PluginMetrics>,
 }
 
 /// The 8 bytes every WebAssembly binary starts with: magic, then a version
@@ -85,6 +87,7 @@ impl Plugin {
                 settings: Arc::new(options.settings),
                 isolation: options.isolation,
                 fuel_enabled: runtime.config.fuel_enabled(),
+                metrics: Arc::new(PluginMetrics::handler(name)),
             }),
         })
     }

@@ -15,6 +15,7 @@ use crate::error::{CallError, HostRefusal, JobError, LoadError};
 use crate::host::HostState;
 use crate::instance::{classify, new_store, refuel};
 use crate::limits::{Limiter, Limits};
+use crate::metrics::PluginMetrics;
 use crate::outputs::{BoxFuture, JobOutputs};
 use crate::plugin::{check_options, compile};
 
@@ -62,6 +63,7 @@ struct ProducerInner {
     limits: Limits,
     settings: Arc<BTreeMap<String, String>>,
     fuel_enabled: bool,
+    metrics: Arc<PluginMetrics>,
 }
 
 impl Producer {
@@ -85,6 +87,7 @@ impl Producer {
                 limits: options.limits,
                 settings: Arc::new(options.settings),
                 fuel_enabled: runtime.config.fuel_enabled(),
+                metrics: Arc::new(PluginMetrics::producer(name)),
             }),
         })
     }
@@ -102,7 +105,7 @@ impl Producer {
     pub async fn plan(&self) -> Result<PlanAnswer, CallError> {
         let inner = &self.inner;
         let state = HostState::new(
-            Limiter::new(inner.limits.memory),
+            Limiter::new(inner.limits.memory, inner.metrics.clone()),
             inner.settings.clone(),
             Arc::new(NoJobs),
             // A sender whose receiver is gone: a producer has no timers.
@@ -112,14 +115,26 @@ impl Producer {
         refuel(&mut store, &inner.limits, inner.fuel_enabled)?;
         let span = tracing::info_span!("plan", producer = %inner.name);
         let call = async {
+            let started = std::time::Instant::now();
             let bindings = inner
                 .pre
                 .instantiate_async(&mut store)
                 .await
                 .map_err(|e| classify(e, &inner.limits).into_instantiate())?;
+            inner.metrics.instantiated(started.elapsed());
             bindings.pulse_job_producer().call_plan(&mut store).await.map_err(|e| classify(e, &inner.limits))
         };
-        match tokio::time::timeout(inner.limits.call_timeout, call.instrument(span)).await {
+        let answer = tokio::time::timeout(inner.limits.call_timeout, call.instrument(span)).await;
+        let counted = match &answer {
+            Err(_elapsed) => Err(CallError::Timeout(inner.limits.call_timeout)),
+            Ok(Err(error)) => Err(error.clone()),
+            Ok(Ok(Err(wit::ProducerError::Failed(message)))) => {
+                Err(CallError::Guest(JobError::Retryable(message.clone())))
+            }
+            Ok(Ok(_)) => Ok(()),
+        };
+        inner.metrics.call("plan", &counted);
+        match answer {
             Err(_elapsed) => Err(CallError::Timeout(inner.limits.call_timeout)),
             Ok(Err(error)) => Err(error),
             Ok(Ok(Err(wit::ProducerError::Finished))) => Ok(PlanAnswer::Finished),

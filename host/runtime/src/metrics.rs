@@ -1,0 +1,92 @@
+//! What the runtime records into the [`metrics`] facade: every guest call
+//! by outcome, instantiation latency, and the memory and instances each
+//! plugin holds. Nothing is recorded unless the embedding program installs
+//! a recorder (`pulse-host` renders them at `/metrics`); handles are taken
+//! once per plugin, so a call costs an atomic add.
+//!
+//! Names (all labelled `plugin`):
+//! - `pulse_plugin_calls_total{call, outcome}`: `call` is `start`, `stop`,
+//!   `notify` or `on-timer` for a handler, `plan` for a producer; `outcome`
+//!   one of [`OUTCOMES`].
+//! - `pulse_plugin_instantiate_seconds`: a histogram.
+//! - `pulse_plugin_memory_bytes`: linear memory of the live instances.
+//! - `pulse_plugin_instances`: live instances.
+
+use metrics::{Counter, Gauge, Histogram};
+
+use crate::error::CallError;
+
+/// The outcomes of a guest call, as labelled.
+pub const OUTCOMES: [&str; 6] = ["ok", "guest_error", "trap", "timeout", "memory_limit", "fuel_exhausted"];
+
+/// The calls a job handler answers, as labelled.
+const HANDLER_CALLS: &[&str] = &["start", "stop", "notify", "on-timer"];
+/// The call a job producer answers.
+const PRODUCER_CALLS: &[&str] = &["plan"];
+
+/// One plugin's metric handles.
+pub(crate) struct PluginMetrics {
+    names: &'static [&'static str],
+    /// `[call][outcome]`, calls in the order of `names`.
+    calls: Vec<[Counter; OUTCOMES.len()]>,
+    instantiate: Histogram,
+    pub(crate) memory: Gauge,
+    pub(crate) instances: Gauge,
+}
+
+impl PluginMetrics {
+    /// The handles of a job handler plugin.
+    pub(crate) fn handler(plugin: &str) -> Self {
+        Self::new(plugin, HANDLER_CALLS)
+    }
+
+    /// The handles of a job producer.
+    pub(crate) fn producer(plugin: &str) -> Self {
+        Self::new(plugin, PRODUCER_CALLS)
+    }
+
+    fn new(plugin: &str, names: &'static [&'static str]) -> Self {
+        let calls = names
+            .iter()
+            .map(|call| {
+                OUTCOMES.map(|outcome| {
+                    metrics::counter!(
+                        "pulse_plugin_calls_total",
+                        "plugin" => plugin.to_owned(),
+                        "call" => *call,
+                        "outcome" => outcome
+                    )
+                })
+            })
+            .collect();
+        Self {
+            names,
+            calls,
+            instantiate: metrics::histogram!("pulse_plugin_instantiate_seconds", "plugin" => plugin.to_owned()),
+            memory: metrics::gauge!("pulse_plugin_memory_bytes", "plugin" => plugin.to_owned()),
+            instances: metrics::gauge!("pulse_plugin_instances", "plugin" => plugin.to_owned()),
+        }
+    }
+
+    /// Counts one guest call `call` (one of the plugin's calls) that ended with
+    /// `result`. Calls the host refused before reaching the guest (fenced,
+    /// not running, instantiation) are not guest calls and not counted.
+    pub(crate) fn call(&self, call: &str, result: &Result<(), CallError>) {
+        let outcome = match result {
+            Ok(()) => 0,
+            Err(CallError::Guest(_)) => 1,
+            Err(CallError::Trap(_)) => 2,
+            Err(CallError::Timeout(_)) => 3,
+            Err(CallError::MemoryLimit { .. }) => 4,
+            Err(CallError::FuelExhausted(_)) => 5,
+            Err(_) => return,
+        };
+        if let Some(counters) = self.names.iter().position(|c| *c == call).and_then(|i| self.calls.get(i)) {
+            counters[outcome].increment(1);
+        }
+    }
+
+    pub(crate) fn instantiated(&self, took: std::time::Duration) {
+        self.instantiate.record(took.as_secs_f64());
+    }
+}
