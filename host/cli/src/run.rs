@@ -84,13 +84,75 @@ pub fn node_options(config: &Config) -> NodeOptions {
 }
 
 pub async fn run(config: &Config, client: &redis::Client) -> anyhow::Result<()> {
+    // First: the API answers /healthz (and /readyz: not yet) while plugins
+    // load, and the metrics recorder must exist before they take handles.
+    let http = match &config.http {
+        Some(http) => Some(Http::start(http).await?),
+        None => None,
+    };
+    let result = serve(config, client, http.as_ref().map(|h| &h.api)).await;
+    if let Some(http) = http {
+        http.stop().await;
+    }
+    result
+}
+
+/// The HTTP API, served by a task of its own.
+struct Http {
+    api: pulse_http::Api,
+    shutdown: tokio_util::sync::CancellationToken,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Http {
+    async fn start(config: &pulse_config::HttpConfig) -> anyhow::Result<Self> {
+        let metrics = pulse_http::metrics::install();
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .with_context(|| format!("failed to listen on {} (http.listen)", config.listen))?;
+        let address = listener.local_addr().context("failed to read the HTTP address")?;
+        if !address.ip().is_loopback() && config.token.is_none() {
+            tracing::warn!(%address, "the HTTP API listens beyond this machine without http.token: anyone who reaches it can dispatch and stop jobs");
+        }
+        let api = pulse_http::Api::new(pulse_http::ApiOptions {
+            token: config.token.clone(),
+            max_body: usize::try_from(config.max_body).unwrap_or(usize::MAX),
+            metrics: Some(metrics),
+        });
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let task = tokio::spawn(pulse_http::serve(listener, api.clone(), shutdown.clone()));
+        tracing::info!(%address, "serving the HTTP API, metrics and status page on http://{address}/");
+        Ok(Self { api, shutdown, task })
+    }
+
+    async fn stop(self) {
+        self.shutdown.cancel();
+        match self.task.await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => tracing::warn!(error = %error, "the HTTP server failed"),
+            Err(error) => tracing::warn!(error = %error, "the HTTP server task failed"),
+        }
+    }
+}
+
+async fn serve(config: &Config, client: &redis::Client, api: Option<&pulse_http::Api>) -> anyhow::Result<()> {
     let loaded = load(config)?;
     let mut nodes: Vec<Arc<Node>> = Vec::new();
     let mut clients: Vec<Arc<Node>> = Vec::new();
     let mut schedules = Vec::new();
     let started = async {
         join_pools(config, client, &loaded.plugins, &mut nodes).await?;
-        start_schedules(config, client, &loaded.producers, &nodes, &mut clients, &mut schedules).await
+        start_schedules(config, client, &loaded.producers, &nodes, &mut clients, &mut schedules).await?;
+        if let Some(api) = api {
+            let pools = nodes.iter().map(|n| (n, true)).chain(clients.iter().map(|n| (n, false)));
+            for (node, workers_here) in pools {
+                api.add_pool(node.clone(), workers_here)
+                    .await
+                    .with_context(|| format!("failed to serve pool {:?} over HTTP", node.pool()))?;
+            }
+            api.set_ready();
+        }
+        anyhow::Ok(())
     };
     if let Err(error) = started.await {
         // Leave what was joined: no slot may stay behind for a worker that
@@ -117,6 +179,9 @@ pub async fn run(config: &Config, client: &redis::Client) -> anyhow::Result<()> 
             false
         }
     };
+    if let Some(api) = api {
+        api.set_leaving();
+    }
     // Schedules end on this host only: the other hosts running them go on.
     drop(schedules);
     for node in &clients {

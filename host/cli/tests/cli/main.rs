@@ -4,11 +4,15 @@
 //! - `check`: configurations and plugins refused with precise messages.
 //! - `hosting`: a host runs plugins as workers; the CLI drives their jobs.
 //! - `schedules`: a host runs a producer plugin's schedule.
+//! - `http`: the HTTP API, metrics and health of a running host.
+//! - `status_page`: the status page in headless Chromium.
 #![allow(clippy::unwrap_used, reason = "tests and their helpers: a panic is the failure report")]
 
 mod check;
 mod hosting;
+mod http;
 mod schedules;
+mod status_page;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

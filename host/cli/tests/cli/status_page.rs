@@ -1,0 +1,186 @@
+//! The status page in a real browser: headless Chromium (Debian's
+//! `chromium`, or `PULSE_CHROMIUM`), driven over the Chrome DevTools
+//! protocol. The page shows a job dispatched through the API while it
+//! refreshes, and drops it once stopped; screenshots of both moments are
+//! written to the test's target directory.
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use futures_util::{SinkExt as _, StreamExt as _};
+use pulse_testkit::RedisServer;
+use pulse_testkit::plugins::ECHO;
+use serde_json::{Value, json};
+use tokio::io::AsyncBufReadExt as _;
+use tokio_tungstenite::tungstenite::Message;
+
+use crate::http::Served;
+use crate::{PATIENCE, write_config};
+
+/// A headless Chromium with one page, killed when dropped.
+struct Browser {
+    _child: tokio::process::Child,
+    _profile: tempfile::TempDir,
+    page: tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>,
+    next_id: u64,
+}
+
+impl Browser {
+    async fn launch() -> Self {
+        let binary = std::env::var("PULSE_CHROMIUM").unwrap_or_else(|_| "chromium".into());
+        let profile = tempfile::tempdir().unwrap();
+        let mut child = tokio::process::Command::new(&binary)
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-dev-shm-usage",
+                "--no-first-run",
+                "--remote-debugging-address=127.0.0.1",
+                "--remote-debugging-port=0",
+                "--window-size=1280,900",
+            ])
+            .arg(format!("--user-data-dir={}", profile.path().display()))
+            .arg("about:blank")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|error| {
+                panic!("cannot start {binary:?} ({error}): install Debian's chromium (.ci/run does) or set PULSE_CHROMIUM")
+            });
+        let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+        let endpoint = tokio::time::timeout(PATIENCE, async {
+            loop {
+                let line = lines.next_line().await.unwrap().expect("Chromium exited before listening");
+                if let Some(url) = line.split("DevTools listening on ").nth(1) {
+                    return url.trim().to_owned();
+                }
+            }
+        })
+        .await
+        .expect("Chromium did not open its DevTools endpoint");
+        // Chromium blocks if nobody reads what it writes.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let address = endpoint.trim_start_matches("ws://").split('/').next().unwrap().to_owned();
+        let targets: Value =
+            reqwest::get(format!("http://{address}/json/list")).await.unwrap().json().await.unwrap();
+        let page_url = targets
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["type"] == "page")
+            .and_then(|t| t["webSocketDebuggerUrl"].as_str())
+            .expect("Chromium opened a page")
+            .to_owned();
+        let (page, _) = tokio_tungstenite::connect_async(page_url).await.unwrap();
+        Self { _child: child, _profile: profile, page, next_id: 0 }
+    }
+
+    /// Calls a DevTools method of the page; returns its result.
+    async fn call(&mut self, method: &str, params: Value) -> Value {
+        self.next_id += 1;
+        let id = self.next_id;
+        let request = json!({"id": id, "method": method, "params": params}).to_string();
+        self.page.send(Message::Text(request.into())).await.unwrap();
+        loop {
+            let message = tokio::time::timeout(PATIENCE, self.page.next())
+                .await
+                .expect("Chromium did not answer")
+                .expect("Chromium closed the page")
+                .unwrap();
+            let Message::Text(text) = message else { continue };
+            let answer: Value = serde_json::from_str(&text).unwrap();
+            if answer["id"] == id {
+                assert!(answer.get("error").is_none(), "{method}: {answer}");
+                return answer["result"].clone();
+            }
+        }
+    }
+
+    /// Evaluates a JavaScript expression in the page.
+    async fn eval(&mut self, expression: &str) -> Value {
+        let result =
+            self.call("Runtime.evaluate", json!({"expression": expression, "returnByValue": true})).await;
+        result["result"]["value"].clone()
+    }
+
+    /// Waits until `expression` is true in the page.
+    async fn until(&mut self, what: &str, expression: &str) {
+        let deadline = Instant::now() + PATIENCE;
+        while self.eval(expression).await != Value::Bool(true) {
+            if Instant::now() > deadline {
+                let text = self.eval("document.body.innerText").await;
+                panic!(
+                    "timed out waiting until {what}; the page shows:\n{}",
+                    text.as_str().unwrap_or_default()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Writes a PNG screenshot of the page to `name` in the test's target
+    /// directory; returns its path.
+    async fn screenshot(&mut self, name: &str) -> std::path::PathBuf {
+        let result = self.call("Page.captureScreenshot", json!({"format": "png"})).await;
+        let png = base64::engine::general_purpose::STANDARD.decode(result["data"].as_str().unwrap()).unwrap();
+        assert!(png.starts_with(b"\x89PNG") && png.len() > 10_000, "a real picture of the page");
+        let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+        std::fs::write(&path, png).unwrap();
+        eprintln!("screenshot of the status page: {}", path.display());
+        path
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_status_page_shows_a_job_dispatched_through_the_api_until_it_is_stopped() {
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let token = "status-page-test-token";
+    let config = write_config(
+        dir.path(),
+        &[("echo", ECHO, "workers = 2")],
+        &format!("[http]\nlisten = \"127.0.0.1:0\"\ntoken = \"{token}\"\n"),
+    );
+    let api = Served::start(&config, server.url(), Some(token)).await;
+    let mut browser = Browser::launch().await;
+
+    // The token comes in the address's fragment, which the page then drops.
+    browser.call("Page.navigate", json!({"url": format!("{}/#token={token}", api.base)})).await;
+    browser
+        .until("the page shows pool echo", r#"document.querySelector('[data-pool="echo"]') !== null"#)
+        .await;
+    assert_eq!(browser.eval("location.hash").await, "");
+    browser.until("both workers are listed", "document.querySelectorAll('[data-worker]').length === 2").await;
+
+    let dispatched = api
+        .post("/api/pools/echo/jobs", json!({"key": "on-the-page", "payload": "hello from the API"}))
+        .await;
+    assert_eq!(dispatched.0, 201, "{dispatched:?}");
+    browser
+        .until(
+            "the job appears, running",
+            r#"document.querySelector('[data-job="on-the-page"]')?.dataset.state === "running""#,
+        )
+        .await;
+    browser
+        .until("the plugin's event appears", r#"document.body.innerText.includes("hello from the API")"#)
+        .await;
+    browser.screenshot("status-page.png").await;
+
+    assert_eq!(api.delete("/api/pools/echo/jobs/on-the-page").await.0, 200);
+    browser
+        .until(
+            "the job is gone from the page",
+            r#"document.querySelector('[data-job="on-the-page"]') === null"#,
+        )
+        .await;
+    browser
+        .until("the counts say no job runs", r#"document.querySelector('.counts b')?.textContent === "0""#)
+        .await;
+    browser.screenshot("status-page-after-stop.png").await;
+    assert_eq!(api.host.terminate(), 0);
+}

@@ -1,0 +1,314 @@
+//! The job routes: list, status, dispatch (one or a batch), stop, notify,
+//! retry, forget. Every answer of the pool is a typed outcome, in JSON
+//! with `key` and `outcome`, and a status code that fits it; answers that
+//! are not successes also carry `error` (same as `outcome`) and `message`.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use pulse_pool::{DispatchOutcome, EventOutcome, JobInfo, JobState, Node};
+use serde_json::{Value, json};
+
+use crate::Api;
+use crate::body::{Batch, Body, JobsQuery, NewJob, Payload, QueryOf};
+use crate::error::ApiError;
+
+/// Most jobs one batch may hold.
+pub(crate) const MAX_BATCH: usize = 1000;
+/// Largest page of the job listing.
+const MAX_PAGE: usize = 1000;
+/// HSCAN rounds one filtered listing request may make before it answers
+/// with what it found and a cursor to go on from.
+const MAX_SCANS: usize = 10;
+/// Dispatches of a batch in flight at once.
+const BATCH_CONCURRENCY: usize = 32;
+
+/// An outcome answer: `{"key", "outcome", ...}` with its status.
+struct Outcome {
+    status: StatusCode,
+    body: Value,
+}
+
+impl Outcome {
+    fn new(status: StatusCode, key: &str, outcome: &str, message: Option<String>) -> Self {
+        let mut body = json!({"key": key, "outcome": outcome});
+        if let Some(message) = message {
+            body["message"] = message.into();
+        }
+        if !status.is_success() {
+            body["error"] = outcome.into();
+        }
+        Self { status, body }
+    }
+}
+
+impl IntoResponse for Outcome {
+    fn into_response(self) -> Response {
+        let full = self.status == StatusCode::SERVICE_UNAVAILABLE;
+        let mut response = (self.status, Json(self.body)).into_response();
+        if full {
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        response
+    }
+}
+
+pub(crate) fn state_name(state: JobState) -> &'static str {
+    match state {
+        JobState::Running => "running",
+        JobState::Moving => "moving",
+        JobState::Queued => "queued",
+        JobState::Failed => "failed",
+    }
+}
+
+pub(crate) fn job_json(job: &JobInfo) -> Value {
+    json!({
+        "key": job.key,
+        "state": state_name(job.state),
+        "worker": job.worker,
+        "created_at_ms": job.created_at_ms,
+        "attempt": job.attempt,
+        "reason": job.reason,
+    })
+}
+
+fn dispatch_outcome(key: &str, outcome: DispatchOutcome) -> Outcome {
+    match outcome {
+        DispatchOutcome::Started => Outcome::new(StatusCode::CREATED, key, "started", None),
+        DispatchOutcome::Queued => Outcome::new(
+            StatusCode::ACCEPTED,
+            key,
+            "queued",
+            Some("no worker is alive; the job starts when one joins".into()),
+        ),
+        DispatchOutcome::AlreadyExists(state) => {
+            let mut answer = Outcome::new(
+                StatusCode::CONFLICT,
+                key,
+                "exists",
+                Some(format!("the key is taken by a {} job", state_name(state))),
+            );
+            answer.body["state"] = state_name(state).into();
+            answer
+        }
+        DispatchOutcome::Refused(message) => {
+            Outcome::new(StatusCode::UNPROCESSABLE_ENTITY, key, "refused", Some(message))
+        }
+        DispatchOutcome::Failed(message) => {
+            Outcome::new(StatusCode::FAILED_DEPENDENCY, key, "failed", Some(message))
+        }
+        DispatchOutcome::PoolFull => Outcome::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            key,
+            "full",
+            Some("the pool holds node.max_jobs jobs".into()),
+        ),
+        DispatchOutcome::Unconfirmed => Outcome::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            key,
+            "unconfirmed",
+            Some("sent, but no worker confirmed the start in time; dispatching again answers exists".into()),
+        ),
+    }
+}
+
+fn event_outcome(key: &str, outcome: EventOutcome, done: &str) -> Outcome {
+    match outcome {
+        EventOutcome::Done => Outcome::new(StatusCode::OK, key, done, None),
+        EventOutcome::Held => Outcome::new(
+            StatusCode::ACCEPTED,
+            key,
+            "held",
+            Some("the job waits for a worker; it gets this after its start".into()),
+        ),
+        EventOutcome::NoSuchJob => {
+            Outcome::new(StatusCode::NOT_FOUND, key, "no_such_job", Some("no job has this key".into()))
+        }
+        EventOutcome::JobFailed(reason) => {
+            Outcome::new(StatusCode::CONFLICT, key, "job_failed", Some(reason))
+        }
+        EventOutcome::HandlerError(message) => {
+            Outcome::new(StatusCode::UNPROCESSABLE_ENTITY, key, "handler_error", Some(message))
+        }
+        EventOutcome::Unconfirmed => Outcome::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            key,
+            "unconfirmed",
+            Some("sent, but not confirmed in time".into()),
+        ),
+    }
+}
+
+/// `GET /api/pools/{pool}/jobs`: a page of jobs, sorted by key within the
+/// page, with the cursor of the next page (`null` after the last).
+pub(crate) async fn list(
+    State(api): State<Api>,
+    Path(pool): Path<String>,
+    QueryOf(query): QueryOf<JobsQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let node = api.node(&pool)?;
+    let limit = query.limit.unwrap_or(100);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(ApiError::bad_request(format!("`limit` = {limit}: allowed are 1 to {MAX_PAGE}")));
+    }
+    let state = match query.state.as_deref() {
+        None => None,
+        Some(text @ ("running" | "moving" | "queued" | "failed")) => Some(text.to_owned()),
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "`state` = {other:?}: allowed are running, moving, queued and failed"
+            )));
+        }
+    };
+    let mut cursor: u64 = match query.cursor.as_deref() {
+        None => 0,
+        Some(text) => text.parse().map_err(|_| {
+            ApiError::bad_request(format!("`cursor` = {text:?}: give the next_cursor of the previous page"))
+        })?,
+    };
+    let mut jobs = Vec::new();
+    for _ in 0..MAX_SCANS {
+        let (next, page) = node.jobs_page(cursor, limit - jobs.len()).await?;
+        jobs.extend(
+            page.into_iter().filter(|job| state.as_deref().is_none_or(|s| state_name(job.state) == s)),
+        );
+        cursor = next;
+        if cursor == 0 || jobs.len() >= limit {
+            break;
+        }
+    }
+    jobs.sort_by(|a, b| a.key.cmp(&b.key));
+    let next = (cursor != 0).then(|| cursor.to_string());
+    Ok(Json(json!({"jobs": jobs.iter().map(job_json).collect::<Vec<_>>(), "next_cursor": next})))
+}
+
+/// `GET /api/pools/{pool}/jobs/{key}`.
+pub(crate) async fn status(
+    State(api): State<Api>,
+    Path((pool, key)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let node = api.node(&pool)?;
+    match node.status(&key).await? {
+        Some(job) => Ok(Json(job_json(&job)).into_response()),
+        None => {
+            Ok(Outcome::new(StatusCode::NOT_FOUND, &key, "no_such_job", Some("no job has this key".into()))
+                .into_response())
+        }
+    }
+}
+
+/// `POST /api/pools/{pool}/jobs`: dispatches one job and answers once a
+/// worker started it (or with why not).
+pub(crate) async fn dispatch(
+    State(api): State<Api>,
+    Path(pool): Path<String>,
+    Body(job): Body<NewJob>,
+) -> Result<Response, ApiError> {
+    let node = api.node(&pool)?;
+    let (key, payload) = job.into_parts();
+    let outcome = node.dispatch(&key, &payload?).await?;
+    Ok(dispatch_outcome(&key, outcome).into_response())
+}
+
+/// `POST /api/pools/{pool}/batch`: dispatches up to [`MAX_BATCH`] jobs,
+/// 32 at a time; answers 200 with each job's outcome and its status, in
+/// the order given.
+pub(crate) async fn batch(
+    State(api): State<Api>,
+    Path(pool): Path<String>,
+    Body(batch): Body<Batch>,
+) -> Result<Json<Value>, ApiError> {
+    let node = api.node(&pool)?;
+    if batch.jobs.is_empty() || batch.jobs.len() > MAX_BATCH {
+        return Err(ApiError::bad_request(format!(
+            "a batch of {} jobs: allowed are 1 to {MAX_BATCH}",
+            batch.jobs.len()
+        )));
+    }
+    let mut results = Vec::with_capacity(batch.jobs.len());
+    let mut counts = serde_json::Map::new();
+    let jobs: Vec<_> = batch.jobs.into_iter().map(NewJob::into_parts).collect();
+    for chunk in jobs.chunks(BATCH_CONCURRENCY) {
+        let answers =
+            futures_util::future::join_all(chunk.iter().map(|(key, payload)| one(&node, key, payload))).await;
+        for ((key, _), answer) in chunk.iter().zip(answers) {
+            let (status, mut body) = match answer {
+                Ok(outcome) => (outcome.status, outcome.body),
+                Err(error) => (
+                    error.status,
+                    json!({"key": key, "outcome": error.code, "error": error.code, "message": error.message}),
+                ),
+            };
+            let name = body["outcome"].as_str().unwrap_or("error").to_owned();
+            let count = counts.entry(name).or_insert(Value::from(0));
+            *count = Value::from(count.as_u64().unwrap_or(0) + 1);
+            body["status"] = status.as_u16().into();
+            results.push(body);
+        }
+    }
+    Ok(Json(json!({"results": results, "counts": counts})))
+}
+
+async fn one(node: &Node, key: &str, payload: &Result<Vec<u8>, ApiError>) -> Result<Outcome, ApiError> {
+    let payload =
+        payload.as_ref().map_err(|error| ApiError::new(error.status, error.code, error.message.clone()))?;
+    Ok(dispatch_outcome(key, node.dispatch(key, payload).await?))
+}
+
+/// `DELETE /api/pools/{pool}/jobs/{key}`: stops the job (its handler's
+/// `stop`).
+pub(crate) async fn stop(
+    State(api): State<Api>,
+    Path((pool, key)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let node = api.node(&pool)?;
+    let outcome = node.stop(&key).await?;
+    Ok(event_outcome(&key, outcome, "stopped").into_response())
+}
+
+/// `POST /api/pools/{pool}/jobs/{key}/notify`.
+pub(crate) async fn notify(
+    State(api): State<Api>,
+    Path((pool, key)): Path<(String, String)>,
+    Body(payload): Body<Payload>,
+) -> Result<Response, ApiError> {
+    let node = api.node(&pool)?;
+    let outcome = node.notify(&key, &payload.bytes()?).await?;
+    Ok(event_outcome(&key, outcome, "notified").into_response())
+}
+
+/// `POST /api/pools/{pool}/jobs/{key}/retry`: a failed job starts again
+/// from its first attempt.
+pub(crate) async fn retry(
+    State(api): State<Api>,
+    Path((pool, key)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let node = api.node(&pool)?;
+    Ok(match node.retry(&key).await? {
+        true => {
+            Outcome::new(StatusCode::ACCEPTED, &key, "queued", Some("queued again from attempt 1".into()))
+        }
+        false => no_failed_job(&key),
+    }
+    .into_response())
+}
+
+/// `POST /api/pools/{pool}/jobs/{key}/forget`: a failed job is removed,
+/// freeing its key.
+pub(crate) async fn forget(
+    State(api): State<Api>,
+    Path((pool, key)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let node = api.node(&pool)?;
+    Ok(match node.forget(&key).await? {
+        true => Outcome::new(StatusCode::OK, &key, "forgotten", None),
+        false => no_failed_job(&key),
+    }
+    .into_response())
+}
+
+fn no_failed_job(key: &str) -> Outcome {
+    Outcome::new(StatusCode::NOT_FOUND, key, "no_failed_job", Some("no failed job has this key".into()))
+}
