@@ -6,7 +6,8 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use pulse_pool::{DispatchOutcome, EventOutcome, JobInfo, JobState, Node, NodeOptions, WorkerInfo};
+use pulse_http::views::{job_json, state_name};
+use pulse_pool::{DispatchOutcome, EventOutcome, JobInfo, Node, NodeOptions, WorkerInfo};
 use pulse_streams::{ReaderEvent, ReaderOptions, Start, Stream, StreamOptions};
 use serde_json::json;
 
@@ -98,26 +99,6 @@ pub fn event_code(outcome: &EventOutcome, done: &str) -> (u8, String) {
         }
         EventOutcome::Unconfirmed => (exit::UNCONFIRMED, "sent, but not confirmed in time".into()),
     }
-}
-
-pub fn state_name(state: JobState) -> &'static str {
-    match state {
-        JobState::Running => "running",
-        JobState::Moving => "moving",
-        JobState::Queued => "queued",
-        JobState::Failed => "failed",
-    }
-}
-
-pub fn job_json(job: &JobInfo) -> serde_json::Value {
-    json!({
-        "key": job.key,
-        "state": state_name(job.state),
-        "worker": job.worker,
-        "created_at_ms": job.created_at_ms,
-        "attempt": job.attempt,
-        "reason": job.reason,
-    })
 }
 
 pub fn print_jobs(jobs: &mut [JobInfo], as_json: bool) {

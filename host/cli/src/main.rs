@@ -274,13 +274,13 @@ async fn answer(node: &pulse_pool::Node, command: Command) -> anyhow::Result<(u8
             client::event_code(&node.notify(&key, payload.as_bytes()).await?, "notified")
         }
         Command::Status { key, json, .. } => match node.status(&key).await? {
-            Some(job) if json => (exit::OK, client::job_json(&job).to_string()),
+            Some(job) if json => (exit::OK, pulse_http::views::job_json(&job).to_string()),
             Some(job) => (
                 exit::OK,
                 format!(
                     "{}: {} on {} (attempt {}){}",
                     job.key,
-                    client::state_name(job.state),
+                    pulse_http::views::state_name(job.state),
                     job.worker.as_deref().unwrap_or("no worker"),
                     job.attempt,
                     job.reason.map(|r| format!(", failed: {r}")).unwrap_or_default()

@@ -125,12 +125,17 @@ impl Http {
         Ok(Self { api, shutdown, task })
     }
 
-    async fn stop(self) {
+    /// Stops serving: requests in flight get a few seconds to finish.
+    async fn stop(mut self) {
         self.shutdown.cancel();
-        match self.task.await {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) => tracing::warn!(error = %error, "the HTTP server failed"),
-            Err(error) => tracing::warn!(error = %error, "the HTTP server task failed"),
+        match tokio::time::timeout(std::time::Duration::from_secs(5), &mut self.task).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(error))) => tracing::warn!(error = %error, "the HTTP server failed"),
+            Ok(Err(error)) => tracing::warn!(error = %error, "the HTTP server task failed"),
+            Err(_elapsed) => {
+                tracing::warn!("HTTP requests still running after 5 s; closing them");
+                self.task.abort();
+            }
         }
     }
 }

@@ -14,11 +14,13 @@ pub(crate) async fn require_token(State(api): State<Api>, request: Request, next
     let Some(expected) = &api.inner.token else {
         return next.run(request).await;
     };
-    let given = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.strip_prefix("Bearer "));
+    let given = request.headers().get(header::AUTHORIZATION).and_then(|value| value.to_str().ok()).and_then(
+        |value| {
+            // The scheme is case-insensitive (RFC 9110 §11.1).
+            let (scheme, token) = value.split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then_some(token)
+        },
+    );
     match given {
         Some(given) if same(given.trim().as_bytes(), expected.as_bytes()) => next.run(request).await,
         Some(_) => {

@@ -7,12 +7,13 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use pulse_pool::{DispatchOutcome, EventOutcome, JobInfo, JobState, Node};
+use pulse_pool::{DispatchOutcome, EventOutcome, Node};
 use serde_json::{Value, json};
 
 use crate::Api;
 use crate::body::{Batch, Body, JobsQuery, NewJob, Payload, QueryOf};
 use crate::error::ApiError;
+use crate::views::{job_json, state_name};
 
 /// Most jobs one batch may hold.
 pub(crate) const MAX_BATCH: usize = 1000;
@@ -52,26 +53,6 @@ impl IntoResponse for Outcome {
         }
         response
     }
-}
-
-pub(crate) fn state_name(state: JobState) -> &'static str {
-    match state {
-        JobState::Running => "running",
-        JobState::Moving => "moving",
-        JobState::Queued => "queued",
-        JobState::Failed => "failed",
-    }
-}
-
-pub(crate) fn job_json(job: &JobInfo) -> Value {
-    json!({
-        "key": job.key,
-        "state": state_name(job.state),
-        "worker": job.worker,
-        "created_at_ms": job.created_at_ms,
-        "attempt": job.attempt,
-        "reason": job.reason,
-    })
 }
 
 fn dispatch_outcome(key: &str, outcome: DispatchOutcome) -> Outcome {

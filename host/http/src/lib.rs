@@ -10,6 +10,7 @@
 //!   checked against it), [`serve`].
 //! - `jobs`, `pools`: the JSON routes. `body`: request types and
 //!   extractors. `error`: the error answers.
+//! - `views`: jobs in JSON, shared with the CLI.
 //! - `auth`: the optional bearer token. `metrics`: `/metrics` and the
 //!   process's recorder. `page`: the status page.
 //!
@@ -24,6 +25,7 @@ mod jobs;
 pub mod metrics;
 mod page;
 mod pools;
+pub mod views;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU8, Ordering};
