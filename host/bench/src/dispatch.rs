@@ -9,9 +9,13 @@
 //!   run by the host's own code (`pulse_host::run`, this program re-run as
 //!   `serve-host` with a generated config).
 //! - `echo-worker`: the same in worker isolation (an instance per worker).
+//! - `echo-http`: `echo-worker` again, but every dispatch is a `POST` to the
+//!   host's HTTP API (keep-alive connections, one per dispatcher): the
+//!   API's cost on top of the pool's, and the metrics recorder's, which
+//!   that host installs.
 //!
 //! `pulse-bench dispatch [HANDLER…]` runs the named ones (default: all).
-//! Job counts: 20,000 for `noop` and `echo-worker`, 5,000 for `echo-job`
+//! Job counts: 20,000 for `noop`, `echo-worker` and `echo-http`, 5,000 for `echo-job`
 //! (each live job holds an instance); `--jobs N` sets all of them.
 
 use std::io::Read;
@@ -57,16 +61,18 @@ enum Handler {
     NoOp,
     EchoJob,
     EchoWorker,
+    EchoHttp,
 }
 
 impl Handler {
-    const ALL: [Self; 3] = [Self::NoOp, Self::EchoJob, Self::EchoWorker];
+    const ALL: [Self; 4] = [Self::NoOp, Self::EchoJob, Self::EchoWorker, Self::EchoHttp];
 
     fn name(self) -> &'static str {
         match self {
             Self::NoOp => "noop",
             Self::EchoJob => "echo-job",
             Self::EchoWorker => "echo-worker",
+            Self::EchoHttp => "echo-http",
         }
     }
 
@@ -87,7 +93,9 @@ pub fn run(args: &Args) -> BenchResult {
             .iter()
             .map(|name| {
                 Handler::ALL.into_iter().find(|h| h.name() == name).ok_or_else(|| {
-                    format!("unknown handler {name:?}: the handlers are noop, echo-job and echo-worker")
+                    format!(
+                        "unknown handler {name:?}: the handlers are noop, echo-job, echo-worker and echo-http"
+                    )
                 })
             })
             .collect::<Result<_, _>>()?,
@@ -102,20 +110,23 @@ pub fn run(args: &Args) -> BenchResult {
     for handler in handlers {
         let jobs = args.jobs.unwrap_or(handler.default_jobs(args.quick));
         let pool = format!("bench-{}", handler.name());
+        let api = (handler == Handler::EchoHttp).then(free_address).transpose()?;
         let mut workers = match handler {
             Handler::NoOp => spawn_noop_workers(&url, &pool)?,
-            Handler::EchoJob | Handler::EchoWorker => {
-                spawn_host(&url, &pool, handler, jobs, config_dir.path())?
-            }
+            _ => spawn_host(&url, &pool, handler, jobs, api, config_dir.path())?,
         };
         let result = tokio.block_on(async {
             let client = redis::Client::open(url.as_str())?;
             let node = Arc::new(Node::client(&client, &pool, NodeOptions::default()).await?);
             wait_for_workers(&node, &mut workers).await?;
+            let dispatcher = match api {
+                Some(address) => Dispatcher::http(address, &pool).await?,
+                None => Dispatcher::Node(node.clone()),
+            };
             let mut stats = client.get_multiplexed_async_connection().await?;
             let mut running = 0;
             for concurrency in [1, 32] {
-                let keys = measure(&node, &mut stats, handler, concurrency, jobs, running).await?;
+                let keys = measure(&dispatcher, &mut stats, handler, concurrency, jobs, running).await?;
                 if handler == Handler::EchoJob {
                     // Each live job holds an instance: stop them, so the
                     // host's instance count stays at one run's jobs.
@@ -149,13 +160,59 @@ fn spawn_noop_workers(url: &str, pool: &str) -> Result<Child, Box<dyn std::error
     crate::process::spawn_ready(&[SERVE_WORKERS, "--redis", url, "--pool", pool])
 }
 
+/// Who dispatches: a client-only node in this process, or the HTTP API
+/// of the host process.
+#[derive(Clone)]
+enum Dispatcher {
+    Node(Arc<Node>),
+    Http { client: reqwest::Client, url: String },
+}
+
+impl Dispatcher {
+    /// The API at `address`, once it answers ready.
+    async fn http(address: std::net::SocketAddr, pool: &str) -> Result<Self, Box<dyn std::error::Error>> {
+        let client = reqwest::Client::new();
+        let deadline = Instant::now() + STARTUP;
+        loop {
+            let ready = client.get(format!("http://{address}/readyz")).send().await;
+            if ready.is_ok_and(|r| r.status().is_success()) {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(format!("the host's API at {address} was not ready after {STARTUP:?}").into());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(Self::Http { client, url: format!("http://{address}/api/pools/{pool}/jobs") })
+    }
+
+    /// Dispatches `key`; whether a worker confirmed its start.
+    async fn started(&self, key: &str) -> bool {
+        match self {
+            Self::Node(node) => matches!(node.dispatch(key, &PAYLOAD).await, Ok(DispatchOutcome::Started)),
+            Self::Http { client, url } => {
+                let payload = std::str::from_utf8(&PAYLOAD).expect("the payload is ASCII");
+                let body = serde_json::json!({"key": key, "payload": payload});
+                let answer = client.post(url).json(&body).send().await;
+                answer.is_ok_and(|response| response.status() == reqwest::StatusCode::CREATED)
+            }
+        }
+    }
+}
+
+/// A loopback address nobody listens on now.
+fn free_address() -> std::io::Result<std::net::SocketAddr> {
+    std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()
+}
+
 /// Starts the host's own `run` in another process, serving the `echo`
-/// plugin with 4 workers in `pool`.
+/// plugin with 4 workers in `pool` (and its HTTP API on `api`).
 fn spawn_host(
     url: &str,
     pool: &str,
     handler: Handler,
     jobs: usize,
+    api: Option<std::net::SocketAddr>,
     dir: &Path,
 ) -> Result<Child, Box<dyn std::error::Error>> {
     let plugin = crate::runtime::plugin_path("echo")?;
@@ -163,8 +220,9 @@ fn spawn_host(
         Handler::EchoJob => ("job", jobs + WORKERS * 4),
         _ => ("worker", WORKERS * 4),
     };
+    let http = api.map(|address| format!("[http]\nlisten = \"{address}\"\n\n")).unwrap_or_default();
     let config = format!(
-        "[runtime]\nmax_instances = {max_instances}\n\n\
+        "{http}[runtime]\nmax_instances = {max_instances}\n\n\
          [[plugin]]\nname = \"echo\"\npath = {path:?}\npool = {pool:?}\nworkers = {WORKERS}\nisolation = {isolation:?}\n",
         path = plugin.display().to_string(),
     );
@@ -217,7 +275,7 @@ async fn stop_all(node: &Arc<Node>, keys: Vec<String>) -> BenchResult {
 /// Dispatches `jobs` new jobs from `concurrency` lanes and prints the
 /// figures; returns their keys.
 async fn measure(
-    node: &Arc<Node>,
+    dispatcher: &Dispatcher,
     stats: &mut redis::aio::MultiplexedConnection,
     handler: Handler,
     concurrency: usize,
@@ -228,16 +286,16 @@ async fn measure(
     let started = Instant::now();
     let mut lanes = Vec::new();
     for lane in 0..concurrency {
-        let node = node.clone();
+        let dispatcher = dispatcher.clone();
         lanes.push(tokio::spawn(async move {
             let mut samples = Vec::new();
             let mut unconfirmed = 0u64;
             for i in (lane..jobs).step_by(concurrency) {
                 let key = key_of(concurrency, i);
                 let sent = Instant::now();
-                let outcome = node.dispatch(&key, &PAYLOAD).await;
+                let started = dispatcher.started(&key).await;
                 samples.push((i, sent.elapsed()));
-                if !matches!(outcome, Ok(DispatchOutcome::Started)) {
+                if !started {
                     unconfirmed += 1;
                 }
             }

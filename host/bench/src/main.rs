@@ -10,11 +10,12 @@
 //!
 //! - `runtime`: plugin compile and cached load time, instantiation latency,
 //!   call overhead at 16 B and 64 KiB, resident memory of idle instances.
-//! - `dispatch [noop|echo-job|echo-worker]…`: confirmed starts per second
+//! - `dispatch [noop|echo-job|echo-worker|echo-http]…`: confirmed starts per second
 //!   and their latency, with 1 and 32 concurrent dispatchers on a
 //!   client-only node and 4 workers in another process, running a no-op
-//!   handler, or the `echo` plugin in job or in worker isolation (default:
-//!   all three); Redis commands and CPU per job. Options: `--jobs N`
+//!   handler, or the `echo` plugin in job or in worker isolation, or in
+//!   worker isolation dispatched through the host's HTTP API (default: all
+//!   four); Redis commands and CPU per job. Options: `--jobs N`
 //!   (default 20,000; 5,000 for `echo-job`), `--redis URL` (default: a
 //!   private `redis-server`).
 //! - `failover`: two processes with 2 workers each (lease TTL 2 s) run
@@ -39,7 +40,7 @@ mod ticker;
 
 use std::process::ExitCode;
 
-const USAGE: &str = "usage: pulse-bench SCENARIO [--quick] [--jobs N] [--redis URL]\nscenarios: runtime, dispatch [noop|echo-job|echo-worker]..., failover, rebalance, ticker";
+const USAGE: &str = "usage: pulse-bench SCENARIO [--quick] [--jobs N] [--redis URL]\nscenarios: runtime, dispatch [noop|echo-job|echo-worker|echo-http]..., failover, rebalance, ticker";
 
 /// Parsed command line.
 #[derive(Debug)]
