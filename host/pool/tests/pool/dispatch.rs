@@ -178,3 +178,40 @@ async fn concurrent_dispatches_of_one_key_start_it_once() {
     let _ = PATIENCE;
     finish(&pool, &[&a, &b]).await;
 }
+
+#[tokio::test]
+async fn counts_by_state_and_pages_of_jobs_cover_the_pool() {
+    let pool = unique("counting");
+    let calls = Calls::default();
+    let waiting = Node::client(&client(), &pool, options()).await.unwrap();
+    assert_eq!(waiting.dispatch("early", b"x").await.unwrap(), DispatchOutcome::Queued);
+    let counts = waiting.job_counts().await.unwrap();
+    assert_eq!((counts.running, counts.queued, counts.failed), (0, 1, 0));
+
+    let node = node(&pool, 3, &calls).await;
+    calls.wait_until("the queued job starts", |c| !c.is_empty()).await;
+    for i in 0..57 {
+        assert_eq!(node.dispatch(&format!("job-{i}"), b"x").await.unwrap(), DispatchOutcome::Started);
+    }
+    assert!(matches!(node.dispatch("broken", b"fatal").await.unwrap(), DispatchOutcome::Failed(_)));
+    let counts = node.job_counts().await.unwrap();
+    assert_eq!((counts.running, counts.queued, counts.failed), (58, 0, 1));
+
+    // Pages of about 10 from cursor 0 until it comes back 0: every job.
+    let mut keys = Vec::new();
+    let mut cursor = 0;
+    loop {
+        let (next, page) = node.jobs_page(cursor, 10).await.unwrap();
+        keys.extend(page.into_iter().map(|job| job.key));
+        if next == 0 {
+            break;
+        }
+        cursor = next;
+    }
+    keys.sort();
+    keys.dedup();
+    assert_eq!(keys.len(), 59, "57 jobs, early and broken, each listed");
+    node.forget("broken").await.unwrap();
+    assert_eq!(node.job_counts().await.unwrap().failed, 0);
+    finish(&pool, &[&node, &waiting]).await;
+}
