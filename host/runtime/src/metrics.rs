@@ -71,9 +71,9 @@ impl PluginMetrics {
     /// Counts one guest call `call` (one of the plugin's calls) that ended with
     /// `result`. Calls the host refused before reaching the guest (fenced,
     /// not running, instantiation) are not guest calls and not counted.
-    pub(crate) fn call(&self, call: &str, result: &Result<(), CallError>) {
+    pub(crate) fn call<T>(&self, call: &str, result: &Result<T, CallError>) {
         let outcome = match result {
-            Ok(()) => 0,
+            Ok(_) => 0,
             Err(CallError::Guest(_)) => 1,
             Err(CallError::Trap(_)) => 2,
             Err(CallError::Timeout(_)) => 3,

@@ -124,17 +124,7 @@ impl Producer {
             inner.metrics.instantiated(started.elapsed());
             bindings.pulse_job_producer().call_plan(&mut store).await.map_err(|e| classify(e, &inner.limits))
         };
-        let answer = tokio::time::timeout(inner.limits.call_timeout, call.instrument(span)).await;
-        let counted = match &answer {
-            Err(_elapsed) => Err(CallError::Timeout(inner.limits.call_timeout)),
-            Ok(Err(error)) => Err(error.clone()),
-            Ok(Ok(Err(wit::ProducerError::Failed(message)))) => {
-                Err(CallError::Guest(JobError::Retryable(message.clone())))
-            }
-            Ok(Ok(_)) => Ok(()),
-        };
-        inner.metrics.call("plan", &counted);
-        match answer {
+        let answer = match tokio::time::timeout(inner.limits.call_timeout, call.instrument(span)).await {
             Err(_elapsed) => Err(CallError::Timeout(inner.limits.call_timeout)),
             Ok(Err(error)) => Err(error),
             Ok(Ok(Err(wit::ProducerError::Finished))) => Ok(PlanAnswer::Finished),
@@ -146,7 +136,9 @@ impl Producer {
                 stop: plan.stop,
                 stop_all: plan.stop_all,
             })),
-        }
+        };
+        inner.metrics.call("plan", &answer);
+        answer
     }
 }
 
