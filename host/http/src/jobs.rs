@@ -104,9 +104,7 @@ fn event_outcome(key: &str, outcome: EventOutcome, done: &str) -> Outcome {
             "held",
             Some("the job waits for a worker; it gets this after its start".into()),
         ),
-        EventOutcome::NoSuchJob => {
-            Outcome::new(StatusCode::NOT_FOUND, key, "no_such_job", Some("no job has this key".into()))
-        }
+        EventOutcome::NoSuchJob => no_such_job(key),
         EventOutcome::JobFailed(reason) => {
             Outcome::new(StatusCode::CONFLICT, key, "job_failed", Some(reason))
         }
@@ -173,10 +171,7 @@ pub(crate) async fn status(
     let node = api.node(&pool)?;
     match node.status(&key).await? {
         Some(job) => Ok(Json(job_json(&job)).into_response()),
-        None => {
-            Ok(Outcome::new(StatusCode::NOT_FOUND, &key, "no_such_job", Some("no job has this key".into()))
-                .into_response())
-        }
+        None => Ok(no_such_job(&key).into_response()),
     }
 }
 
@@ -288,6 +283,10 @@ pub(crate) async fn forget(
         false => no_failed_job(&key),
     }
     .into_response())
+}
+
+fn no_such_job(key: &str) -> Outcome {
+    Outcome::new(StatusCode::NOT_FOUND, key, "no_such_job", Some("no job has this key".into()))
 }
 
 fn no_failed_job(key: &str) -> Outcome {
