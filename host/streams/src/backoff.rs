@@ -2,8 +2,9 @@
 
 use std::time::Duration;
 
-/// First wait after a failure; doubled per failure up to [`MAX`]. Short:
-/// a reader that is not reading falls behind.
+/// First wait after a failure (25–75 ms with jitter); doubled per failure
+/// up to [`MAX`] while Redis stays unreachable. Short: a reader that is not
+/// reading falls behind.
 const FIRST: Duration = Duration::from_millis(50);
 /// Longest wait.
 const MAX: Duration = Duration::from_secs(2);

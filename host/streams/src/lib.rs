@@ -13,7 +13,8 @@
 //!   recreation of a lost group.
 //! - `event`: [`Event`], [`TopicFilter`], defensive decoding.
 //! - `keys`: every Redis key name; `scripts`: the Lua scripts (`lua/`).
-//! - `backoff`: waits between reconnection attempts.
+//! - `backoff`: waits between reconnection attempts; `blocking`: the
+//!   connections of blocking reads (no response timeout shorter than BLOCK).
 //!
 //! ```no_run
 //! # async fn example() -> pulse_streams::Result<()> {
@@ -33,6 +34,7 @@
 #![warn(missing_docs)]
 
 mod backoff;
+mod blocking;
 mod error;
 mod event;
 mod keys;
@@ -52,4 +54,13 @@ pub use stream::{Start, Stream, StreamOptions, Ttl};
 /// fields `n`, `p` and optionally `t`, as [`Stream::add`] writes them).
 pub fn stream_key(tag: &str, name: &str) -> String {
     keys::StreamKeys::new(tag, name).stream
+}
+
+/// Whether stream entry id `a` (`ms-seq`) comes after `b`.
+pub fn id_after(a: &str, b: &str) -> bool {
+    let parse = |id: &str| -> (u64, u64) {
+        let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
+        (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0))
+    };
+    parse(a) > parse(b)
 }

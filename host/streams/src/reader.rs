@@ -213,10 +213,15 @@ async fn read_loop(shared: Arc<ReaderShared>, token: CancellationToken) {
         let cursor = lock(&shared.cursor).clone().unwrap_or_else(|| "0-0".to_owned());
         let read = async {
             // A connection of its own: a blocked XREAD holds its connection,
-            // and dropping it is what makes close prompt.
+            // and dropping it is what makes close prompt. A new connection
+            // resets the backoff: it grows only while Redis is unreachable.
             let conn = match conn.as_mut() {
                 Some(conn) => conn,
-                None => conn.insert(stream.client.get_multiplexed_async_connection().await?),
+                None => {
+                    let fresh = crate::blocking::connect(&stream.client, shared.options.block).await?;
+                    backoff.reset();
+                    conn.insert(fresh)
+                }
             };
             redis::cmd("XREAD")
                 .arg("COUNT")

@@ -259,7 +259,14 @@ async fn read_loop(shared: Arc<SinkShared>, tx: mpsc::Sender<Event>, token: Canc
             // dropping it makes close prompt.
             let conn = match conn.as_mut() {
                 Some(conn) => conn,
-                None => conn.insert(shared.stream.inner.client.get_multiplexed_async_connection().await?),
+                None => {
+                    // A new connection resets the backoff: it grows only
+                    // while Redis is unreachable.
+                    let fresh =
+                        crate::blocking::connect(&shared.stream.inner.client, shared.options.block).await?;
+                    backoff.reset();
+                    conn.insert(fresh)
+                }
             };
             redis::cmd("XREADGROUP")
                 .arg("GROUP")

@@ -174,6 +174,34 @@ impl Stream {
         Ok(reply.ids.iter().filter_map(crate::Event::decode).collect())
     }
 
+    /// Up to `count` events after id `after` (exclusive; `None`: from the
+    /// oldest), oldest first, and the id to page on from (the last entry
+    /// read, malformed ones included), or `None` once nothing is left.
+    /// Paging from the oldest to a bound read once gives every event up to
+    /// it, however many are added meanwhile.
+    ///
+    /// # Errors
+    /// [`Error::Redis`].
+    pub async fn range(
+        &self,
+        after: Option<&str>,
+        count: usize,
+    ) -> Result<(Vec<crate::Event>, Option<String>)> {
+        let mut conn = self.inner.conn.clone();
+        let start = after.map_or_else(|| "-".to_owned(), |id| format!("({id}"));
+        let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+            .arg(&self.inner.keys.stream)
+            .arg(start)
+            .arg("+")
+            .arg("COUNT")
+            .arg(count.max(1))
+            .query_async(&mut conn)
+            .await
+            .map_err(|source| Error::Redis { op: "read events", stream: self.inner.name.clone(), source })?;
+        let next = reply.ids.last().map(|entry| entry.id.clone());
+        Ok((reply.ids.iter().filter_map(crate::Event::decode).collect(), next))
+    }
+
     /// Deletes the stream, its groups and their bookkeeping. Readers and
     /// sinks of it see no more events; a sink recreates its group if events
     /// are added again.
