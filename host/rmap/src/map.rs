@@ -110,6 +110,32 @@ struct Handle {
 }
 
 impl Map {
+    /// The content of map `name` as Redis holds it now, read once: one
+    /// `HGETALL`, no replica, no subscription. For short-lived readers (a
+    /// command-line listing) that would pay more to join than to read.
+    ///
+    /// # Errors
+    /// [`Error::InvalidName`]; [`Error::Redis`].
+    pub async fn read_once<C>(
+        conn: &mut C,
+        name: &str,
+        options: &MapOptions,
+    ) -> Result<HashMap<String, String>>
+    where
+        C: redis::aio::ConnectionLike + Send,
+    {
+        validate_name("map name", name)?;
+        let tag = options.hash_tag.clone().unwrap_or_else(|| name.to_owned());
+        validate_name("hash tag", &tag)?;
+        let mut fields: HashMap<String, String> = redis::cmd("HGETALL")
+            .arg(MapKeys::new(&tag, name).hash)
+            .query_async(conn)
+            .await
+            .map_err(|source| Error::Redis { op: "read", map: name.to_owned(), source })?;
+        fields.retain(|key, _| !key.starts_with('='));
+        Ok(fields)
+    }
+
     /// Joins the map `name` on the Redis of `client`: subscribes to its
     /// changes, then loads it, so no change is missed between the two.
     ///
