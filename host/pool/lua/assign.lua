@@ -3,13 +3,17 @@
 -- KEYS[1] jobs hash       KEYS[2] the job's record   KEYS[3] slot table
 -- KEYS[4] token counter   KEYS[5] queued set          KEYS[6] the worker's inbox
 -- KEYS[7] the worker's job set                        KEYS[8] the job's held events
+-- KEYS[9] the pool's shutdown flag
 -- ARGV[1] key  ARGV[2] slot table revision  ARGV[3] worker
 --
 -- Starts a queued job on `worker`: a new token, then the start event and,
 -- in order behind it, every event held while the job waited. Atomic, so no
--- stop or notify can slip between the start and the held events.
+-- stop or notify can slip between the start and the held events. Once the
+-- pool shuts down no job starts anywhere: the job stays queued until the
+-- pool's keys are removed.
 local jobs, record, held = KEYS[1], KEYS[2], KEYS[8]
 local key, worker = ARGV[1], ARGV[3]
+if redis.call('EXISTS', KEYS[9]) == 1 then return {'skip'} end
 local rev = redis.call('HGET', KEYS[3], '=rev') or '0'
 if rev ~= ARGV[2] then return {'stale', rev} end
 local job = parse(redis.call('HGET', jobs, key))

@@ -1,4 +1,5 @@
--- evict(grace, worker) -> {worker, jobs queued, worker, jobs queued, ...}
+-- evict(grace, worker) -> {worker, jobs queued, worker, jobs queued, ...
+--                          [, 'next', ms]}
 --
 -- KEYS[1] slot table   KEYS[2] workers map   KEYS[3] leases
 -- KEYS[4] jobs hash    KEYS[5] queued set
@@ -16,7 +17,10 @@
 -- moved, in order and ahead of anything held since, into the job's held
 -- events. The expiry is checked here, on Redis time: eviction needs the
 -- lease expired by more than the grace, by which time the worker fenced
--- itself (it stops its jobs before its lease ends).
+-- itself (it stops its jobs before its lease ends). Evicting every expired
+-- worker also answers when the next one may be evicted ('next', in ms from
+-- now: the earliest lease's end plus the grace), so the janitor can wake
+-- then rather than at its next tick.
 local slots = {hash = KEYS[1], channel = ARGV[1], epoch = ARGV[3]}
 local workers = {hash = KEYS[2], channel = ARGV[2], epoch = ARGV[3]}
 local leases, jobs, queued = KEYS[3], KEYS[4], KEYS[5]
@@ -93,9 +97,15 @@ if ARGV[7] ~= '' then
   table.insert(out, evict(ARGV[7]))
   return out
 end
-local expired = redis.call('ZRANGEBYSCORE', leases, '-inf', tonumber(now_ms()) - tonumber(ARGV[6]), 'LIMIT', 0, 16)
+local now, grace = tonumber(now_ms()), tonumber(ARGV[6])
+local expired = redis.call('ZRANGEBYSCORE', leases, '-inf', now - grace, 'LIMIT', 0, 16)
 for _, worker in ipairs(expired) do
   table.insert(out, worker)
   table.insert(out, evict(worker))
+end
+local earliest = redis.call('ZRANGE', leases, 0, 0, 'WITHSCORES')
+if earliest[2] then
+  table.insert(out, 'next')
+  table.insert(out, math.max(0, tonumber(earliest[2]) + grace - now))
 end
 return out

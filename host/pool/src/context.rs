@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
-use crate::node::Core;
+use crate::node::{Core, WorkerFence};
 use crate::scripts;
 
 /// Why the pool refused a handler's request.
@@ -42,6 +42,8 @@ pub(crate) enum Ended {
 pub struct JobContext {
     pub(crate) core: Arc<Core>,
     pub(crate) worker: String,
+    /// The worker's own fence (see `node::lease`).
+    pub(crate) fence: WorkerFence,
     pub(crate) key: String,
     pub(crate) token: String,
     pub(crate) ended: mpsc::UnboundedSender<Ended>,
@@ -74,11 +76,12 @@ impl JobContext {
         &self.token
     }
 
-    /// Whether the job's code may run now: false once the worker's lease
-    /// may have ended (the job may already run elsewhere). Check it before
-    /// running anything of the job's outside a handler call (a timer).
+    /// Whether the job's code may run now: false once its worker's lease
+    /// may have ended or the worker was evicted (the job may already run
+    /// elsewhere). Check it before running anything of the job's outside a
+    /// handler call (a timer) and before any effect it has.
     pub fn is_live(&self) -> bool {
-        self.core.lease.valid()
+        self.core.lease.valid_for(&self.fence)
     }
 
     /// Stores the job's state; the next start of the job receives it.
@@ -98,7 +101,7 @@ impl JobContext {
                     .arg(state),
             )
             .await?;
-        if done == 1 { Ok(()) } else { Err(ContextError::NotOwned) }
+        if done == 1 { Ok(()) } else { Err(self.refused().await) }
     }
 
     /// Publishes an output event of the job on the pool's events stream
@@ -120,7 +123,7 @@ impl JobContext {
                     .arg(self.core.options.events_retention),
             )
             .await?;
-        if id.is_empty() { Err(ContextError::NotOwned) } else { Ok(id) }
+        if id.is_empty() { Err(self.refused().await) } else { Ok(id) }
     }
 
     /// Declares the job finished: it is removed from the pool and its
@@ -142,7 +145,7 @@ impl JobContext {
             )
             .await?;
         if done != 1 {
-            return Err(ContextError::NotOwned);
+            return Err(self.refused().await);
         }
         let _ = self.ended.send(Ended::Completed { key: self.key.clone(), token: self.token.clone() });
         Ok(())
@@ -155,7 +158,7 @@ impl JobContext {
     /// [`ContextError`].
     pub async fn fail(&self, reason: &str) -> Result<(), ContextError> {
         if !self.core.fail(&self.worker, &self.key, &self.token, reason, 0).await.map_err(unavailable)? {
-            return Err(ContextError::NotOwned);
+            return Err(self.refused().await);
         }
         let _ = self.ended.send(Ended::Failed { key: self.key.clone(), token: self.token.clone() });
         Ok(())
@@ -166,6 +169,27 @@ impl JobContext {
         if size > limit { Err(ContextError::TooLarge { size, limit }) } else { Ok(()) }
     }
 
+    /// Why a script refused the job's token: the job is not this
+    /// worker's any more ([`ContextError::NotOwned`]), unless Redis lost
+    /// the pool's data and the worker has not written its jobs back yet;
+    /// then the job is still its own and the request may succeed shortly
+    /// ([`ContextError::Unavailable`]). Costs one `GET` per refusal only.
+    async fn refused(&self) -> ContextError {
+        let lease = &self.core.lease;
+        if lease.data_loss_pending(&self.fence) {
+            return lost_data();
+        }
+        let mut conn = self.core.conn.clone();
+        let epoch: redis::RedisResult<Option<String>> =
+            redis::cmd("GET").arg(&self.core.keys.epoch).query_async(&mut conn).await;
+        match epoch {
+            Ok(Some(epoch)) if epoch == lease.epoch() => ContextError::NotOwned,
+            // Gone or another one: a loss its node has not noticed yet.
+            Ok(_) => lost_data(),
+            Err(error) => unavailable(error),
+        }
+    }
+
     async fn run<T: redis::FromRedisValue>(
         &self,
         invocation: &mut redis::ScriptInvocation<'_>,
@@ -173,6 +197,10 @@ impl JobContext {
         let mut conn = self.core.conn.clone();
         invocation.invoke_async(&mut conn).await.map_err(unavailable)
     }
+}
+
+fn lost_data() -> ContextError {
+    ContextError::Unavailable("Redis lost the pool's data; the job is written back shortly".into())
 }
 
 fn unavailable(error: impl std::fmt::Display) -> ContextError {

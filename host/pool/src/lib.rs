@@ -41,6 +41,6 @@ mod worker;
 pub use context::{ContextError, JobContext};
 pub use error::{Error, Result};
 pub use job::{DispatchOutcome, EventOutcome, HandlerError, Job, JobHandler, JobInfo, JobState};
-pub use node::{JobCounts, Node, NodeInfo, NodeOptions, WorkerInfo};
+pub use node::{JobCounts, Node, NodeInfo, NodeOptions, PoolView, WorkerInfo};
 pub use schedule::{Applied, JobProducer, Plan, ProducerError, Schedule};
 pub use ticker::{Tick, Ticker};

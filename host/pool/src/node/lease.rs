@@ -12,6 +12,11 @@
 //! a grace longer still, so a worker has dropped its jobs before anyone may
 //! take them (ARCHITECTURE I1).
 //!
+//! The fence is also per worker ([`WorkerFence`]): a renewal that finds a
+//! worker evicted fences that worker before the node's lease moves on, so
+//! no guest call, timer or effect of its jobs starts afterwards, whatever
+//! the node's other leases say.
+//!
 //! Every full node runs the janitor on each tick: one script evicts the
 //! workers whose leases expired more than the grace ago and queues their
 //! jobs, then queued jobs are assigned. It costs one command per node and
@@ -19,7 +24,7 @@
 //! move as soon as any node's tick sees the lease expired.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -31,6 +36,47 @@ use tokio_util::sync::CancellationToken;
 use super::Core;
 use crate::error::{Error, Result};
 use crate::scripts;
+
+/// One worker's own fence: once it falls, none of the worker's jobs may
+/// run guest code, whatever the node's lease says. It falls when a renewal
+/// finds the worker evicted, or when the worker finds its lease may have
+/// ended; it is new (up) again when the worker joins again.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct WorkerFence {
+    fenced: Arc<AtomicBool>,
+    evicted: Arc<Notify>,
+    /// The last loss of the pool's data (a [`Lease::data_losses`]
+    /// generation) after which the worker wrote its jobs back: until then a
+    /// refusal of its jobs' requests is the loss's doing, not a move's.
+    written_back: Arc<AtomicU64>,
+}
+
+impl WorkerFence {
+    pub(crate) fn is_fenced(&self) -> bool {
+        self.fenced.load(Ordering::Acquire)
+    }
+
+    /// Fences the worker (its own decision: nobody needs telling).
+    pub(crate) fn fence(&self) {
+        self.fenced.store(true, Ordering::Release);
+    }
+
+    /// Fences the worker and tells it it was evicted.
+    fn evict(&self) {
+        self.fence();
+        self.evicted.notify_one();
+    }
+
+    /// Resolves once a renewal found the worker evicted.
+    pub(crate) async fn evicted(&self) {
+        self.evicted.notified().await;
+    }
+
+    /// The worker wrote its jobs back after data loss `generation`.
+    pub(crate) fn written_back(&self, generation: u64) {
+        self.written_back.fetch_max(generation, Ordering::AcqRel);
+    }
+}
 
 /// A node's lease on its workers' membership, as its own clock sees it.
 #[derive(Debug)]
@@ -44,9 +90,9 @@ pub(crate) struct Lease {
     /// Bumped when Redis lost the pool's data: workers write back the
     /// jobs they run.
     data_lost: watch::Sender<u64>,
-    /// This node's workers, each with the signal that it was evicted and
-    /// whether it joined (only those are renewed).
-    members: Mutex<HashMap<String, (Arc<Notify>, bool)>>,
+    /// This node's workers, each with its fence and whether it joined
+    /// (only those are renewed).
+    members: Mutex<HashMap<String, (WorkerFence, bool)>>,
     /// The pool epoch this node works in.
     epoch: Mutex<String>,
 }
@@ -66,6 +112,11 @@ impl Lease {
     /// Whether this node's workers may call their handlers now.
     pub(crate) fn valid(&self) -> bool {
         self.elapsed_ms() < self.until_ms.load(Ordering::Acquire)
+    }
+
+    /// Whether the worker behind `fence` may call its handler now.
+    pub(crate) fn valid_for(&self, fence: &WorkerFence) -> bool {
+        !fence.is_fenced() && self.valid()
     }
 
     /// When the fence falls, unless a renewal moves it.
@@ -102,12 +153,23 @@ impl Lease {
         lock(&self.epoch).clone()
     }
 
-    /// Registers worker `id`, not joined yet; returns the signal that it
-    /// was evicted.
-    pub(crate) fn add_member(&self, id: &str) -> Arc<Notify> {
-        let signal = Arc::new(Notify::new());
-        lock(&self.members).insert(id.to_owned(), (signal.clone(), false));
-        signal
+    /// Registers worker `id`, not joined yet; returns its fence: `keep`
+    /// when given and still up (the worker joins again with the jobs it
+    /// runs, whose contexts share it), otherwise a new one.
+    pub(crate) fn add_member(&self, id: &str, keep: Option<WorkerFence>) -> WorkerFence {
+        let fence = keep.filter(|fence| !fence.is_fenced()).unwrap_or_else(|| {
+            let fence = WorkerFence::default();
+            fence.written_back(*self.data_lost.borrow());
+            fence
+        });
+        lock(&self.members).insert(id.to_owned(), (fence.clone(), false));
+        fence
+    }
+
+    /// Whether a loss of the pool's data happened that `fence`'s worker has
+    /// not written its jobs back after yet.
+    pub(crate) fn data_loss_pending(&self, fence: &WorkerFence) -> bool {
+        fence.written_back.load(Ordering::Acquire) < *self.data_lost.borrow()
     }
 
     /// Worker `id` joined: its lease is renewed from now on.
@@ -126,8 +188,8 @@ impl Lease {
     }
 
     fn evicted(&self, id: &str) {
-        if let Some((signal, _)) = lock(&self.members).get(id) {
-            signal.notify_one();
+        if let Some((fence, _)) = lock(&self.members).get(id) {
+            fence.evict();
         }
     }
 }
@@ -201,13 +263,15 @@ impl Core {
         }
     }
 
-    /// Worker `id` gives up its slot: no new job is routed to it while it
-    /// hands its jobs back (it stays a member, with its lease; it leaves
-    /// for good by [`Core::evict`]).
-    pub(crate) async fn release_slot(&self, id: &str) -> Result<()> {
+    /// Workers `ids` give up their slots, in one step: no new job is
+    /// routed to them while they hand their jobs back (they stay members,
+    /// with their leases; they leave for good by [`Core::evict`]).
+    pub(crate) async fn release_slots(&self, ids: &[String]) -> Result<()> {
         let mut conn = self.conn.clone();
         let mut invocation = self.membership_script(&scripts::RELEASE_SLOT);
-        invocation.arg(id);
+        for id in ids {
+            invocation.arg(id);
+        }
         let _: i64 = invocation.invoke_async(&mut conn).await.map_err(self.redis_error("release a slot"))?;
         Ok(())
     }
@@ -216,6 +280,12 @@ impl Core {
     /// worker whose lease expired more than the grace ago. Returns the
     /// evicted workers with the number of jobs each had.
     pub(crate) async fn evict(&self, id: Option<&str>) -> Result<Vec<(String, u64)>> {
+        Ok(self.evict_and_next(id).await?.0)
+    }
+
+    /// [`Core::evict`], and with `None` also how long until the next
+    /// worker may be evicted (the earliest lease's end plus the grace).
+    async fn evict_and_next(&self, id: Option<&str>) -> Result<(Vec<(String, u64)>, Option<Duration>)> {
         let keys = &self.keys;
         let mut conn = self.conn.clone();
         let mut invocation = self.membership_script(&scripts::EVICT);
@@ -228,14 +298,18 @@ impl Core {
             .arg(id.unwrap_or(""));
         let answer: Vec<Value> =
             invocation.invoke_async(&mut conn).await.map_err(self.redis_error("evict workers"))?;
-        let mut evicted = Vec::new();
+        let (mut evicted, mut next) = (Vec::new(), None);
         for pair in answer.chunks(2) {
-            if let [Value::BulkString(worker), Value::Int(jobs)] = pair {
-                evicted
-                    .push((String::from_utf8_lossy(worker).into_owned(), u64::try_from(*jobs).unwrap_or(0)));
+            match pair {
+                [Value::BulkString(tag), Value::Int(ms)] if tag.as_slice() == b"next" => {
+                    next = Some(Duration::from_millis(u64::try_from(*ms).unwrap_or(0)));
+                }
+                [Value::BulkString(worker), Value::Int(jobs)] => evicted
+                    .push((String::from_utf8_lossy(worker).into_owned(), u64::try_from(*jobs).unwrap_or(0))),
+                _ => {}
             }
         }
-        Ok(evicted)
+        Ok((evicted, next))
     }
 
     /// Renews the leases of this node's workers. Returns whether the pool
@@ -263,6 +337,8 @@ impl Core {
                 Ok(false)
             }
             Some(state @ ("ok" | "shutdown")) => {
+                // Evicted workers are fenced before the node's lease moves
+                // on: none of their jobs may run from now on.
                 for (member, flag) in members.iter().zip(&answer[1..]) {
                     if flag == "0" {
                         tracing::warn!(worker = %member, "the worker was evicted: it lost its jobs and joins again");
@@ -312,13 +388,16 @@ impl Core {
     }
 
     /// One janitor round: evicts expired workers, then assigns queued jobs.
-    async fn janitor(&self) -> Result<()> {
-        for (worker, jobs) in self.evict(None).await? {
+    /// Returns how long until the next worker may be evicted.
+    async fn janitor(&self) -> Result<Option<Duration>> {
+        let (evicted, next) = self.evict_and_next(None).await?;
+        for (worker, jobs) in evicted {
             self.metrics.evictions.increment(1);
             self.metrics.evicted_jobs.increment(jobs);
             tracing::warn!(worker = %worker, jobs, "evicted a worker whose lease expired; its jobs are queued");
         }
-        self.assign_queued().await
+        self.assign_queued().await?;
+        Ok(next)
     }
 
     /// Assigns every queued job to the worker its key routes to.
@@ -371,11 +450,25 @@ fn map_epoch() -> String {
 pub(crate) async fn run(core: Arc<Core>, token: CancellationToken, shutdown: watch::Sender<bool>) {
     let mut ticks = tokio::time::interval(tick(core.options.lease_ttl));
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // When a lease ends (plus the grace) before the next tick, the janitor
+    // wakes then too: a dead node's jobs move up to a tick sooner.
+    let mut evict_at: Option<Instant> = None;
     loop {
+        let due = async {
+            match evict_at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             biased;
             () = token.cancelled() => return,
             _ = ticks.tick() => {}
+            () = due => {
+                evict_at = None;
+                janitor_round(&core, &mut evict_at).await;
+                continue;
+            }
         }
         match core.renew().await {
             Ok(true) => {
@@ -391,8 +484,19 @@ pub(crate) async fn run(core: Arc<Core>, token: CancellationToken, shutdown: wat
                 tracing::warn!(error = %error, "failed to renew leases");
             }
         }
-        if let Err(error) = core.janitor().await {
-            tracing::warn!(error = %error, "janitor round failed");
+        janitor_round(&core, &mut evict_at).await;
+    }
+}
+
+/// Runs the janitor; sets `evict_at` when the next eviction is due before
+/// the next tick.
+async fn janitor_round(core: &Core, evict_at: &mut Option<Instant>) {
+    match core.janitor().await {
+        Ok(Some(next)) if next < tick(core.options.lease_ttl) => {
+            // A millisecond late rather than early: Redis's clock decides.
+            *evict_at = Some(Instant::now() + next + Duration::from_millis(1));
         }
+        Ok(_) => {}
+        Err(error) => tracing::warn!(error = %error, "janitor round failed"),
     }
 }

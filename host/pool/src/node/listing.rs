@@ -1,12 +1,21 @@
 //! What a pool holds: jobs, workers, status of a key. Listing reads Redis
 //! (jobs are not replicated to nodes: bounded memory, I5); it costs O(n) in
 //! what it lists, and nothing per dispatch.
+//!
+//! A [`Node`] lists workers and nodes from its replicas; a [`PoolView`]
+//! reads everything from Redis on each call and costs one connection to
+//! open: no replica, no subscription, no reply stream (the command line's
+//! read-only commands use it). Both read jobs the same way.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+
+use pulse_rmap::{Map, MapOptions};
+use redis::aio::ConnectionLike;
 
 use super::Node;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::job::{JobInfo, JobState};
+use crate::keys::{PoolKeys, SLOTS_MAP, WORKERS_MAP, validate_pool};
 
 /// The fields of a job's record that listing shows: created, attempt, reason.
 type Record = (Option<u64>, Option<u32>, Option<String>);
@@ -50,19 +59,7 @@ impl Node {
     /// The pool's full nodes (those hosting workers), from the workers
     /// they host; client-only nodes are not members and are not listed.
     pub fn nodes(&self) -> Vec<NodeInfo> {
-        let mut nodes: std::collections::BTreeMap<String, Vec<String>> = std::collections::BTreeMap::new();
-        for (worker, value) in self.core.workers.snapshot() {
-            if let Some((node, _)) = value.split_once('|') {
-                nodes.entry(node.to_owned()).or_default().push(worker);
-            }
-        }
-        nodes
-            .into_iter()
-            .map(|(id, mut workers)| {
-                workers.sort();
-                NodeInfo { id, workers }
-            })
-            .collect()
+        nodes_of(self.core.workers.snapshot())
     }
 
     /// What the pool knows of job `key`.
@@ -70,17 +67,7 @@ impl Node {
     /// # Errors
     /// Redis failures.
     pub async fn status(&self, key: &str) -> Result<Option<JobInfo>> {
-        let keys = &self.core.keys;
-        let mut conn = self.core.conn.clone();
-        let (ownership, record): (Option<String>, Record) = redis::pipe()
-            .hget(&keys.jobs, key)
-            .cmd("HMGET")
-            .arg(keys.record(key))
-            .arg(&["created", "attempt", "reason"])
-            .query_async(&mut conn)
-            .await
-            .map_err(self.core.redis_error("read a job"))?;
-        Ok(ownership.and_then(|o| info(key, &o, record)))
+        status(&mut self.core.conn.clone(), &self.core.keys, key).await
     }
 
     /// Every job of the pool, in no particular order.
@@ -88,16 +75,7 @@ impl Node {
     /// # Errors
     /// Redis failures.
     pub async fn jobs(&self) -> Result<Vec<JobInfo>> {
-        let mut jobs = Vec::new();
-        let mut cursor = 0;
-        loop {
-            let (next, page) = self.jobs_page(cursor, 500).await?;
-            jobs.extend(page);
-            if next == 0 {
-                return Ok(jobs);
-            }
-            cursor = next;
-        }
+        all_jobs(&mut self.core.conn.clone(), &self.core.keys).await
     }
 
     /// One page of the pool's jobs, about `count` of them (Redis `HSCAN`:
@@ -109,31 +87,7 @@ impl Node {
     /// # Errors
     /// Redis failures.
     pub async fn jobs_page(&self, cursor: u64, count: usize) -> Result<(u64, Vec<JobInfo>)> {
-        let keys = &self.core.keys;
-        let mut conn = self.core.conn.clone();
-        let (next, batch): (u64, Vec<(String, String)>) = redis::cmd("HSCAN")
-            .arg(&keys.jobs)
-            .arg(cursor)
-            .arg("COUNT")
-            .arg(count.max(1))
-            .query_async(&mut conn)
-            .await
-            .map_err(self.core.redis_error("list jobs"))?;
-        if batch.is_empty() {
-            return Ok((next, Vec::new()));
-        }
-        let mut pipe = redis::pipe();
-        for (key, _) in &batch {
-            pipe.cmd("HMGET").arg(keys.record(key)).arg(&["created", "attempt", "reason"]);
-        }
-        let records: Vec<Record> =
-            pipe.query_async(&mut conn).await.map_err(self.core.redis_error("list jobs"))?;
-        let jobs = batch
-            .iter()
-            .zip(records)
-            .filter_map(|((key, ownership), record)| info(key, ownership, record))
-            .collect();
-        Ok((next, jobs))
+        jobs_page(&mut self.core.conn.clone(), &self.core.keys, cursor, count).await
     }
 
     /// How many jobs the pool holds, by state: one script, costing
@@ -159,45 +113,201 @@ impl Node {
     /// # Errors
     /// Redis failures.
     pub async fn workers(&self) -> Result<Vec<WorkerInfo>> {
-        let slots: HashMap<String, u32> = self
-            .core
-            .slots
-            .snapshot()
-            .into_iter()
-            .filter_map(|(slot, worker)| Some((worker, slot.parse().ok()?)))
-            .collect();
-        let mut workers: Vec<WorkerInfo> = self
-            .core
-            .workers
-            .snapshot()
-            .into_iter()
-            .filter_map(|(id, value)| {
-                let (node, join) = value.split_once('|')?;
-                Some(WorkerInfo {
-                    slot: slots.get(&id).copied(),
-                    node: node.to_owned(),
-                    join: join.parse().ok()?,
-                    id,
-                    jobs: 0,
-                })
-            })
-            .collect();
-        if workers.is_empty() {
-            return Ok(workers);
-        }
-        let mut pipe = redis::pipe();
-        for worker in &workers {
-            pipe.scard(self.core.keys.worker_jobs(&worker.id));
-        }
-        let mut conn = self.core.conn.clone();
-        let counts: Vec<u64> =
-            pipe.query_async(&mut conn).await.map_err(self.core.redis_error("list workers"))?;
-        for (worker, count) in workers.iter_mut().zip(counts) {
-            worker.jobs = count;
-        }
-        workers.sort_by_key(|w| w.join);
-        Ok(workers)
+        let (slots, workers) = (self.core.slots.snapshot(), self.core.workers.snapshot());
+        workers_of(&mut self.core.conn.clone(), &self.core.keys, slots, workers).await
     }
+}
+
+/// A read-only look at a pool, read from Redis on each call.
+///
+/// Opening one costs a connection and nothing else: it neither joins the
+/// pool nor replicates its membership, so a short-lived reader (a listing
+/// from the command line) answers in a few round trips.
+#[derive(Clone)]
+pub struct PoolView {
+    conn: redis::aio::MultiplexedConnection,
+    keys: PoolKeys,
+}
+
+impl std::fmt::Debug for PoolView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PoolView").field("pool", &self.keys.pool).finish_non_exhaustive()
+    }
+}
+
+impl PoolView {
+    /// Opens a view of pool `pool` on the Redis of `client`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidPool`]; Redis failures.
+    pub async fn open(client: &redis::Client, pool: &str) -> Result<Self> {
+        validate_pool(pool)?;
+        let conn = client.get_multiplexed_async_connection().await.map_err(|source| Error::Redis {
+            op: "connect",
+            pool: pool.to_owned(),
+            source,
+        })?;
+        Ok(Self { conn, keys: PoolKeys::new(pool) })
+    }
+
+    /// What the pool knows of job `key`.
+    ///
+    /// # Errors
+    /// Redis failures.
+    pub async fn status(&self, key: &str) -> Result<Option<JobInfo>> {
+        status(&mut self.conn.clone(), &self.keys, key).await
+    }
+
+    /// Every job of the pool, in no particular order.
+    ///
+    /// # Errors
+    /// Redis failures.
+    pub async fn jobs(&self) -> Result<Vec<JobInfo>> {
+        all_jobs(&mut self.conn.clone(), &self.keys).await
+    }
+
+    /// The pool's workers, by join number.
+    ///
+    /// # Errors
+    /// Redis failures.
+    pub async fn workers(&self) -> Result<Vec<WorkerInfo>> {
+        let (slots, workers) = self.maps().await?;
+        workers_of(&mut self.conn.clone(), &self.keys, slots, workers).await
+    }
+
+    /// The pool's full nodes, from the workers they host.
+    ///
+    /// # Errors
+    /// Redis failures.
+    pub async fn nodes(&self) -> Result<Vec<NodeInfo>> {
+        let (_, workers) = self.maps().await?;
+        Ok(nodes_of(workers))
+    }
+
+    /// The slot table and the workers map, each read once.
+    async fn maps(&self) -> Result<(HashMap<String, String>, HashMap<String, String>)> {
+        let options = MapOptions::default().hash_tag(&self.keys.pool);
+        let mut conn = self.conn.clone();
+        let slots = Map::read_once(&mut conn, SLOTS_MAP, &options).await?;
+        let workers = Map::read_once(&mut conn, WORKERS_MAP, &options).await?;
+        Ok((slots, workers))
+    }
+}
+
+fn redis_error<'a>(keys: &'a PoolKeys, op: &'static str) -> impl FnOnce(redis::RedisError) -> Error + 'a {
+    move |source| Error::Redis { op, pool: keys.pool.clone(), source }
+}
+
+fn nodes_of(workers: HashMap<String, String>) -> Vec<NodeInfo> {
+    let mut nodes: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (worker, value) in workers {
+        if let Some((node, _)) = value.split_once('|') {
+            nodes.entry(node.to_owned()).or_default().push(worker);
+        }
+    }
+    nodes
+        .into_iter()
+        .map(|(id, mut workers)| {
+            workers.sort();
+            NodeInfo { id, workers }
+        })
+        .collect()
+}
+
+async fn status<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &PoolKeys,
+    key: &str,
+) -> Result<Option<JobInfo>> {
+    let (ownership, record): (Option<String>, Record) = redis::pipe()
+        .hget(&keys.jobs, key)
+        .cmd("HMGET")
+        .arg(keys.record(key))
+        .arg(&["created", "attempt", "reason"])
+        .query_async(conn)
+        .await
+        .map_err(redis_error(keys, "read a job"))?;
+    Ok(ownership.and_then(|o| info(key, &o, record)))
+}
+
+async fn all_jobs<C: ConnectionLike + Send>(conn: &mut C, keys: &PoolKeys) -> Result<Vec<JobInfo>> {
+    let mut jobs = Vec::new();
+    let mut cursor = 0;
+    loop {
+        let (next, page) = jobs_page(conn, keys, cursor, 500).await?;
+        jobs.extend(page);
+        if next == 0 {
+            return Ok(jobs);
+        }
+        cursor = next;
+    }
+}
+
+async fn jobs_page<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &PoolKeys,
+    cursor: u64,
+    count: usize,
+) -> Result<(u64, Vec<JobInfo>)> {
+    let (next, batch): (u64, Vec<(String, String)>) = redis::cmd("HSCAN")
+        .arg(&keys.jobs)
+        .arg(cursor)
+        .arg("COUNT")
+        .arg(count.max(1))
+        .query_async(conn)
+        .await
+        .map_err(redis_error(keys, "list jobs"))?;
+    if batch.is_empty() {
+        return Ok((next, Vec::new()));
+    }
+    let mut pipe = redis::pipe();
+    for (key, _) in &batch {
+        pipe.cmd("HMGET").arg(keys.record(key)).arg(&["created", "attempt", "reason"]);
+    }
+    let records: Vec<Record> = pipe.query_async(conn).await.map_err(redis_error(keys, "list jobs"))?;
+    let jobs = batch
+        .iter()
+        .zip(records)
+        .filter_map(|((key, ownership), record)| info(key, ownership, record))
+        .collect();
+    Ok((next, jobs))
+}
+
+/// The workers of the workers map, with their slots and job counts.
+async fn workers_of<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &PoolKeys,
+    slots: HashMap<String, String>,
+    workers: HashMap<String, String>,
+) -> Result<Vec<WorkerInfo>> {
+    let slots: HashMap<String, u32> =
+        slots.into_iter().filter_map(|(slot, worker)| Some((worker, slot.parse().ok()?))).collect();
+    let mut workers: Vec<WorkerInfo> = workers
+        .into_iter()
+        .filter_map(|(id, value)| {
+            let (node, join) = value.split_once('|')?;
+            Some(WorkerInfo {
+                slot: slots.get(&id).copied(),
+                node: node.to_owned(),
+                join: join.parse().ok()?,
+                id,
+                jobs: 0,
+            })
+        })
+        .collect();
+    if workers.is_empty() {
+        return Ok(workers);
+    }
+    let mut pipe = redis::pipe();
+    for worker in &workers {
+        pipe.scard(keys.worker_jobs(&worker.id));
+    }
+    let counts: Vec<u64> = pipe.query_async(conn).await.map_err(redis_error(keys, "list workers"))?;
+    for (worker, count) in workers.iter_mut().zip(counts) {
+        worker.jobs = count;
+    }
+    workers.sort_by_key(|w| w.join);
+    Ok(workers)
 }
 
 fn info(key: &str, ownership: &str, (created, attempt, reason): Record) -> Option<JobInfo> {

@@ -93,15 +93,9 @@ impl Node {
             return Ok(());
         }
         let core = &self.core;
-        for (id, _) in &handles {
-            core.release_slot(id).await?;
-        }
-        core.slots
-            .wait_until(SETTLE, |slots| {
-                !slots.snapshot().values().any(|w| handles.iter().any(|(id, _)| id == w))
-            })
-            .await;
         let removed: Vec<String> = handles.iter().map(|(id, _)| id.clone()).collect();
+        core.release_slots(&removed).await?;
+        core.slots.wait_until(SETTLE, |slots| !slots.snapshot().values().any(|w| removed.contains(w))).await;
         futures_util::future::join_all(handles.into_iter().map(|(id, handle)| async move {
             handle.leave().await;
             // Leaving for good is an eviction: anything the worker still
@@ -204,9 +198,12 @@ pub(super) async fn on_shutdown(
     if shutdown.wait_for(|down| *down).await.is_err() {
         return; // the node closed first
     }
+    // Every worker stops its jobs before any leaves the slot table: a
+    // worker leaving first would make its siblings' keys route elsewhere.
     let handles: Vec<(String, WorkerHandle)> = super::lock_workers(&workers).drain().collect();
-    for (id, handle) in handles {
-        handle.shut_down().await;
+    let ids: Vec<String> = handles.iter().map(|(id, _)| id.clone()).collect();
+    futures_util::future::join_all(handles.into_iter().map(|(_, handle)| handle.shut_down())).await;
+    for id in ids {
         if let Err(error) = core.evict(Some(&id)).await {
             tracing::warn!(worker = %id, error = %error, "failed to leave the pool while it shuts down");
         }

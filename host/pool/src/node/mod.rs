@@ -32,7 +32,8 @@ use crate::keys::{PoolKeys, SLOTS_MAP, WORKERS_MAP, validate_pool};
 use crate::scripts;
 use crate::worker::WorkerHandle;
 
-pub use listing::{JobCounts, NodeInfo, WorkerInfo};
+pub(crate) use lease::{WorkerFence, tick};
+pub use listing::{JobCounts, NodeInfo, PoolView, WorkerInfo};
 
 /// Options of a node.
 ///

@@ -60,6 +60,7 @@ impl Core {
                 .key(keys.inbox(&worker))
                 .key(keys.worker_jobs(&worker))
                 .key(keys.held(key))
+                .key(&keys.shutdown)
                 .arg(key)
                 .arg(rev.to_string())
                 .arg(&worker)

@@ -10,17 +10,23 @@
 //! its answers, so what an inbox holds is exactly what its worker has not
 //! processed: eviction moves that tail to the jobs' next worker.
 //!
-//! Before every handler call the worker checks its node's lease (see
-//! `node::lease`). Once the lease may have ended it calls nothing more: it
+//! Before every handler call the worker checks its own fence (see
+//! `node::lease`). Once its lease may have ended it calls nothing more: it
 //! drops its jobs without calling them, waits until its node renews again,
 //! evicts itself (its jobs and unprocessed entries go back to the pool) and
 //! joins again with an empty inbox.
+//!
+//! Every lease tick it also checks, without waiting for traffic, that its
+//! jobs still route here after a membership change and that every job
+//! Redis lists on it runs here (`reconcile`).
+
+mod reconcile;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
-use pulse_streams::{ReaderEvent, ReaderOptions, ReaderSubscription, Start, Stream, StreamOptions};
-use tokio::sync::{Notify, mpsc, oneshot, watch};
+use pulse_streams::{ReaderEvent, ReaderOptions, ReaderSubscription, Start, Stream, StreamOptions, id_after};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -28,7 +34,7 @@ use crate::context::{Ended, JobContext};
 use crate::error::Result;
 use crate::job::{HandlerError, Job, JobHandler};
 use crate::keys::PoolKeys;
-use crate::node::Core;
+use crate::node::{Core, WorkerFence};
 use crate::scripts;
 use crate::wire::{self, InboxEvent, Kind};
 
@@ -109,13 +115,13 @@ pub(crate) async fn spawn<H: JobHandler>(
     let (control_tx, control_rx) = mpsc::unbounded_channel();
     let (ended_tx, ended_rx) = mpsc::unbounded_channel();
     let span = tracing::info_span!("pool.worker", worker = %id);
-    let evicted = core.lease.add_member(&id);
+    let fence = core.lease.add_member(&id, None);
     let worker = Worker {
         inbox_key: core.keys.inbox(&id),
         core,
         id,
         join,
-        evicted,
+        fence,
         lost: false,
         outbox: Vec::new(),
         handler,
@@ -125,6 +131,8 @@ pub(crate) async fn spawn<H: JobHandler>(
         ended_tx,
         last_id: "0-0".to_owned(),
         misplaced_start: false,
+        unsettled: true,
+        orphans: None,
     };
     // Owned by the handle: awaited by `leave`, and it ends with its inbox.
     let task = tokio::spawn(worker.run(reader, inbox, slot_changes, control_rx, ended_rx).instrument(span));
@@ -173,8 +181,9 @@ struct Worker<H> {
     id: String,
     /// Its join number (in its workers entry).
     join: u64,
-    /// Told when a renewal found the worker evicted.
-    evicted: Arc<Notify>,
+    /// Its own fence: falls when a renewal finds it evicted or it finds its
+    /// lease may have ended; its jobs' contexts share it.
+    fence: WorkerFence,
     /// A handler call was due while the lease may have ended: nothing more
     /// is called until the worker has joined again.
     lost: bool,
@@ -191,6 +200,12 @@ struct Worker<H> {
     /// A job started here whose key no longer routes here (it was sent with
     /// an older slot table): hand it on after this event.
     misplaced_start: bool,
+    /// The slot table changed since a check last found every job routing
+    /// here: check again at the next tick.
+    unsettled: bool,
+    /// Jobs Redis lists on this worker that it does not run, found by the
+    /// last check (see `reconcile`).
+    orphans: Option<reconcile::Orphans>,
 }
 
 impl<H: JobHandler> Worker<H> {
@@ -213,11 +228,13 @@ impl<H: JobHandler> Worker<H> {
                 }
                 Exit::Closed => break,
                 Exit::DataLost => {
+                    let generation = *data_losses.borrow_and_update();
                     reader.close().await;
                     match self.join_again(&mut control).await {
                         Some((new_reader, new_inbox)) => {
                             (reader, inbox) = (new_reader, new_inbox);
                             self.reassert().await;
+                            self.fence.written_back(generation);
                         }
                         None => break,
                     }
@@ -245,18 +262,22 @@ impl<H: JobHandler> Worker<H> {
         ended: &mut mpsc::UnboundedReceiver<Ended>,
         data_losses: &mut watch::Receiver<u64>,
     ) -> Exit {
+        let mut checks = tokio::time::interval(crate::node::tick(self.core.options.lease_ttl));
+        checks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        checks.reset();
         loop {
             let next_retry = self.retry_at.keys().next().map(|(at, _)| *at);
             let has_jobs = !self.running.is_empty() || !self.retrying.is_empty();
-            let evicted = self.evicted.clone();
+            let fence = self.fence.clone();
             tokio::select! {
                 biased;
                 Some(end) = ended.recv() => self.on_ended(end),
                 Some(request) = control.recv() => return Exit::Control(request),
                 Ok(()) = data_losses.changed() => return Exit::DataLost,
-                () = evicted.notified() => return Exit::Lost,
+                () = fence.evicted() => return Exit::Lost,
                 () = tokio::time::sleep_until(self.core.lease.fence_at()), if has_jobs => {
-                    if !self.core.lease.valid() {
+                    if !self.core.lease.valid_for(&self.fence) {
+                        self.fence.fence();
                         return Exit::Lost;
                     }
                 }
@@ -264,7 +285,16 @@ impl<H: JobHandler> Worker<H> {
                     self.retry_due().await;
                     self.flush(None).await;
                 }
-                Some(_) = slot_changes.recv() => self.rebalance(inbox, ended).await,
+                Some(_) = slot_changes.recv() => {
+                    self.rebalance(inbox, ended).await;
+                    self.unsettled = true;
+                }
+                _ = checks.tick() => {
+                    if self.unsettled {
+                        self.unsettled = self.rebalance(inbox, ended).await;
+                    }
+                    self.reconcile().await;
+                }
                 event = inbox.recv() => match event {
                     Some(ReaderEvent::Event(event)) => {
                         self.on_entry(event).await;
@@ -297,8 +327,14 @@ impl<H: JobHandler> Worker<H> {
                 // What was sent before the slot was given up comes first:
                 // a start among it makes one more job to hand back.
                 self.drain(inbox, ended).await;
+                // Straight to where they route now: this worker's slots
+                // (and its leaving siblings') are given up already.
                 let all: Vec<String> = self.running.keys().cloned().collect();
-                self.hand_back(all, inbox, ended).await;
+                for key in self.hand_back(all, inbox, ended).await {
+                    if let Err(error) = self.core.assign(&key).await {
+                        tracing::warn!(job.key = %key, error = %error, "failed to assign a job handed back; it stays queued");
+                    }
+                }
                 for (key, retrying) in std::mem::take(&mut self.retrying) {
                     self.requeue(&key, &retrying.event.token).await;
                 }
@@ -328,9 +364,10 @@ impl<H: JobHandler> Worker<H> {
     /// Whether the lease allows a handler call now; if not, the worker is
     /// lost and calls nothing more.
     fn may_call(&mut self) -> bool {
-        if !self.lost && !self.core.lease.valid() {
+        if !self.lost && !self.core.lease.valid_for(&self.fence) {
             tracing::warn!("the lease may have ended: this worker calls no handler until it joins again");
             self.lost = true;
+            self.fence.fence();
         }
         !self.lost
     }
@@ -392,7 +429,9 @@ impl<H: JobHandler> Worker<H> {
         loop {
             // A fresh signal: a renewal that raced with the eviction may
             // have told the old one.
-            self.evicted = self.core.lease.add_member(&self.id);
+            // The same fence when it is up: the jobs this worker still runs
+            // (after a data loss) keep their contexts.
+            self.fence = self.core.lease.add_member(&self.id, Some(self.fence.clone()));
             self.lost = false;
             self.last_id = "0-0".to_owned();
             let joined = match open_inbox(&self.core, &self.id).await {
@@ -541,6 +580,7 @@ impl<H: JobHandler> Worker<H> {
         let ctx = JobContext {
             core: self.core.clone(),
             worker: self.id.clone(),
+            fence: self.fence.clone(),
             key: job.key.clone(),
             token: event.token.clone(),
             ended: self.ended_tx.clone(),
@@ -673,12 +713,13 @@ impl<H: JobHandler> Worker<H> {
     }
 
     /// Moves every running job whose key routes to another worker: hands
-    /// it back, then assigns it where it routes now.
+    /// it back, then assigns it where it routes now. Returns whether any
+    /// job routed elsewhere (so the next check looks again).
     async fn rebalance(
         &mut self,
         inbox: &mut ReaderSubscription,
         ended: &mut mpsc::UnboundedReceiver<Ended>,
-    ) {
+    ) -> bool {
         let misplaced: Vec<String> = self
             .running
             .keys()
@@ -689,7 +730,7 @@ impl<H: JobHandler> Worker<H> {
             .cloned()
             .collect();
         if misplaced.is_empty() {
-            return;
+            return false;
         }
         tracing::info!(jobs = misplaced.len(), "moving jobs whose keys route elsewhere");
         let handed = self.hand_back(misplaced, inbox, ended).await;
@@ -700,6 +741,7 @@ impl<H: JobHandler> Worker<H> {
                 tracing::warn!(job.key = %key, error = %error, "failed to assign a moved job; it stays queued");
             }
         }
+        true
     }
 
     /// Hands jobs `keys` back to the pool: marks them moving (their new
@@ -797,7 +839,8 @@ impl<H: JobHandler> Worker<H> {
         }
     }
 
-    async fn requeue(&self, key: &str, token: &str) {
+    /// Hands job `key` back to the pool under `token`; whether it was.
+    async fn requeue(&self, key: &str, token: &str) -> bool {
         let keys = &self.core.keys;
         let mut conn = self.core.conn.clone();
         let requeued: redis::RedisResult<i64> = scripts::REQUEUE
@@ -809,8 +852,12 @@ impl<H: JobHandler> Worker<H> {
             .arg(token)
             .invoke_async(&mut conn)
             .await;
-        if let Err(error) = requeued {
-            tracing::warn!(job.key = %key, error = %error, "failed to hand a job back");
+        match requeued {
+            Ok(done) => done == 1,
+            Err(error) => {
+                tracing::warn!(job.key = %key, error = %error, "failed to hand a job back");
+                false
+            }
         }
     }
 
@@ -882,15 +929,6 @@ impl<H: JobHandler> Worker<H> {
             tracing::warn!(error = %error, "failed to answer or to delete the entry from the inbox");
         }
     }
-}
-
-/// Whether stream id `a` comes after `b`.
-fn id_after(a: &str, b: &str) -> bool {
-    let parse = |id: &str| -> (u64, u64) {
-        let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
-        (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0))
-    };
-    parse(a) > parse(b)
 }
 
 async fn sleep_until(at: Option<Instant>) {
