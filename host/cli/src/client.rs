@@ -7,8 +7,8 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use pulse_http::views::{job_json, state_name};
-use pulse_pool::{DispatchOutcome, EventOutcome, JobInfo, Node, NodeOptions, WorkerInfo};
-use pulse_streams::{ReaderEvent, ReaderOptions, Start, Stream, StreamOptions};
+use pulse_pool::{DispatchOutcome, EventOutcome, JobInfo, Node, NodeOptions, PoolView, WorkerInfo};
+use pulse_streams::{ReaderEvent, ReaderOptions, Start, Stream, StreamOptions, id_after};
 use serde_json::json;
 
 /// Exit codes of client commands, one per outcome (documented in
@@ -34,6 +34,11 @@ pub async fn connect(client: &redis::Client, pool: &str, options: NodeOptions) -
     Node::client(client, pool, options).await.with_context(|| format!("failed to reach pool {pool:?}"))
 }
 
+/// A read-only view of `pool`: it does not join the pool.
+pub async fn view(client: &redis::Client, pool: &str) -> anyhow::Result<PoolView> {
+    PoolView::open(client, pool).await.with_context(|| format!("failed to reach pool {pool:?}"))
+}
+
 pub fn dispatch_code(outcome: &DispatchOutcome) -> (u8, String) {
     match outcome {
         DispatchOutcome::Started => (exit::OK, "started".into()),
@@ -50,9 +55,14 @@ pub fn dispatch_code(outcome: &DispatchOutcome) -> (u8, String) {
     }
 }
 
-/// Dispatches the jobs of a JSON-lines file, 32 at a time; prints one line
-/// per job. The exit code is the first non-zero one, or 0.
-pub async fn dispatch_many(node: &Node, file: &std::path::Path) -> anyhow::Result<(u8, String)> {
+/// Dispatches the jobs of a JSON-lines file, 32 at a time, and prints each
+/// job's outcome as it arrives. The exit code is the first non-zero one,
+/// or 0. When Redis fails, the jobs whose outcome is unknown (they may
+/// have been accepted) are listed on stderr and the exit code is 7
+/// (unconfirmed); the jobs before them were answered.
+pub async fn dispatch_many(node: &Node, file: &std::path::Path) -> anyhow::Result<u8> {
+    use futures_util::StreamExt;
+
     #[derive(serde::Deserialize)]
     #[serde(deny_unknown_fields)]
     struct Line {
@@ -69,21 +79,42 @@ pub async fn dispatch_many(node: &Node, file: &std::path::Path) -> anyhow::Resul
         jobs.push(job);
     }
     let mut code = exit::OK;
-    let mut out = String::new();
-    for batch in jobs.chunks(32) {
-        let outcomes = futures_util::future::join_all(
-            batch.iter().map(|job| node.dispatch(&job.key, job.payload.as_bytes())),
-        )
-        .await;
-        for (job, outcome) in batch.iter().zip(outcomes) {
-            let (job_code, message) = dispatch_code(&outcome?);
-            if code == exit::OK {
-                code = job_code;
+    let mut unknown: Vec<&str> = Vec::new();
+    let mut first_error = None;
+    let mut outcomes =
+        futures_util::stream::iter(jobs.iter().map(|job| async move {
+            (job.key.as_str(), node.dispatch(&job.key, job.payload.as_bytes()).await)
+        }))
+        .buffered(32);
+    while let Some((key, outcome)) = outcomes.next().await {
+        match outcome {
+            Ok(outcome) => {
+                let (job_code, message) = dispatch_code(&outcome);
+                if code == exit::OK {
+                    code = job_code;
+                }
+                let mut out = std::io::stdout().lock();
+                let _ = writeln!(out, "{key}: {message}");
+                let _ = out.flush();
             }
-            out.push_str(&format!("{}: {message}\n", job.key));
+            Err(error) => {
+                first_error.get_or_insert(error);
+                unknown.push(key);
+            }
         }
     }
-    Ok((code, out.trim_end().to_owned()))
+    if let Some(error) = first_error {
+        eprintln!("pulse-host: {error}");
+        eprintln!(
+            "pulse-host: the outcome of {} job(s) is unknown (they may have been accepted):",
+            unknown.len()
+        );
+        for key in unknown {
+            eprintln!("{key}");
+        }
+        return Ok(exit::UNCONFIRMED);
+    }
+    Ok(code)
 }
 
 pub fn event_code(outcome: &EventOutcome, done: &str) -> (u8, String) {
@@ -152,8 +183,8 @@ pub fn print_nodes(nodes: &[pulse_pool::NodeInfo], as_json: bool) {
     }
 }
 
-/// Prints what plugins emitted in `pool`; with `follow`, keeps printing
-/// new events until interrupted.
+/// Prints what plugins emitted in `pool`: every event up to the newest one
+/// at the call; with `follow`, then every new one until interrupted.
 pub async fn events(
     client: &redis::Client,
     pool: &str,
@@ -161,39 +192,55 @@ pub async fn events(
     as_json: bool,
 ) -> anyhow::Result<ExitCode> {
     let stream = Stream::open(client, "events", StreamOptions::default().hash_tag(pool)).await?;
-    let reader = stream.reader(ReaderOptions::default().start(Start::Oldest)).await?;
-    let mut events = reader.subscribe();
-    let mut printed_any = false;
-    loop {
-        let next = if follow || !printed_any {
-            // The first read waits briefly for the backlog; follow waits forever.
-            let wait = if follow { None } else { Some(std::time::Duration::from_millis(300)) };
-            match wait {
-                Some(wait) => tokio::time::timeout(wait, events.recv()).await.ok().flatten(),
-                None => tokio::select! {
-                    event = events.recv() => event,
-                    _ = tokio::signal::ctrl_c() => None,
-                },
+    // The bound first: what is added while the backlog prints comes after.
+    let newest = stream.latest(1).await?.into_iter().next().map(|event| event.id);
+    let mut after: Option<String> = None;
+    if let Some(newest) = &newest {
+        loop {
+            let (page, next) = stream.range(after.as_deref(), 1000).await?;
+            for event in page.iter().take_while(|event| !id_after(&event.id, newest)) {
+                print_event(event, as_json);
             }
-        } else {
-            tokio::time::timeout(std::time::Duration::from_millis(100), events.recv()).await.ok().flatten()
+            match next {
+                Some(next) if id_after(newest, &next) => after = Some(next),
+                _ => break,
+            }
+        }
+    }
+    if !follow {
+        return Ok(ExitCode::from(exit::OK));
+    }
+    let start = newest.map_or(Start::Oldest, Start::After);
+    let reader = stream.reader(ReaderOptions::default().start(start)).await?;
+    let mut events = reader.subscribe();
+    loop {
+        let next = tokio::select! {
+            event = events.recv() => event,
+            _ = tokio::signal::ctrl_c() => None,
         };
-        let Some(event) = next else { break };
-        let ReaderEvent::Event(event) = event else { continue };
-        printed_any = true;
-        let key = event.topic.clone().unwrap_or_default();
-        let payload = String::from_utf8_lossy(&event.payload);
-        let mut out = std::io::stdout().lock();
-        if as_json {
-            let _ = writeln!(
-                out,
-                "{}",
-                json!({"id": event.id, "key": key, "payload": payload, "created_at_ms": event.created_at_ms()})
-            );
-        } else {
-            let _ = writeln!(out, "{} {key}: {payload}", event.id);
+        match next {
+            Some(ReaderEvent::Event(event)) => print_event(&event, as_json),
+            Some(ReaderEvent::Lagged { resume_after }) => {
+                eprintln!("events: fell behind; events after {resume_after} were skipped");
+            }
+            None => break,
         }
     }
     reader.close().await;
     Ok(ExitCode::from(exit::OK))
+}
+
+fn print_event(event: &pulse_streams::Event, as_json: bool) {
+    let key = event.topic.clone().unwrap_or_default();
+    let payload = String::from_utf8_lossy(&event.payload);
+    let mut out = std::io::stdout().lock();
+    if as_json {
+        let _ = writeln!(
+            out,
+            "{}",
+            json!({"id": event.id, "key": key, "payload": payload, "created_at_ms": event.created_at_ms()})
+        );
+    } else {
+        let _ = writeln!(out, "{} {key}: {payload}", event.id);
+    }
 }

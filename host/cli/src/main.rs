@@ -230,25 +230,38 @@ async fn client_command(
     client: &redis::Client,
     options: pulse_pool::NodeOptions,
 ) -> anyhow::Result<ExitCode> {
-    if let Command::Events { pool, follow, json } = &command {
-        return client::events(client, pool, *follow, *json).await;
-    }
     let pool = match &command {
+        Command::Events { pool, follow, json } => return client::events(client, pool, *follow, *json).await,
+        // Read-only: a view of the pool, which does not join it.
+        Command::Status { pool, .. }
+        | Command::Jobs { pool, .. }
+        | Command::Workers { pool, .. }
+        | Command::Nodes { pool, .. } => {
+            let view = client::view(client, pool).await?;
+            return finish(read(&view, command).await);
+        }
+        Command::Dispatch { pool, from_file: Some(file), .. } => {
+            let node = client::connect(client, pool, options).await?;
+            let result = client::dispatch_many(&node, file).await;
+            node.close().await;
+            return result.map(ExitCode::from);
+        }
         Command::Dispatch { pool, .. }
         | Command::Stop { pool, .. }
         | Command::Notify { pool, .. }
-        | Command::Status { pool, .. }
         | Command::Retry { pool, .. }
         | Command::Forget { pool, .. }
-        | Command::Shutdown { pool, .. }
-        | Command::Jobs { pool, .. }
-        | Command::Workers { pool, .. }
-        | Command::Nodes { pool, .. } => pool.clone(),
-        Command::Run | Command::Check | Command::Events { .. } => unreachable!("handled above"),
+        | Command::Shutdown { pool, .. } => pool.clone(),
+        Command::Run | Command::Check => unreachable!("handled above"),
     };
     let node = client::connect(client, &pool, options).await?;
     let result = answer(&node, command).await;
     node.close().await;
+    finish(result)
+}
+
+/// Prints a command's message; its exit code.
+fn finish(result: anyhow::Result<(u8, String)>) -> anyhow::Result<ExitCode> {
     let (code, message) = result?;
     if !message.is_empty() {
         println!("{message}");
@@ -256,24 +269,10 @@ async fn client_command(
     Ok(ExitCode::from(code))
 }
 
-async fn answer(node: &pulse_pool::Node, command: Command) -> anyhow::Result<(u8, String)> {
+/// The read-only commands.
+async fn read(view: &pulse_pool::PoolView, command: Command) -> anyhow::Result<(u8, String)> {
     Ok(match command {
-        Command::Dispatch { from_file: Some(file), .. } => client::dispatch_many(node, &file).await?,
-        Command::Dispatch { key, payload, payload_file, .. } => {
-            let key = key.context("a KEY or --from-file is needed")?;
-            let payload = match payload_file {
-                Some(file) => {
-                    std::fs::read(&file).with_context(|| format!("failed to read {}", file.display()))?
-                }
-                None => payload.unwrap_or_default().into_bytes(),
-            };
-            client::dispatch_code(&node.dispatch(&key, &payload).await?)
-        }
-        Command::Stop { key, .. } => client::event_code(&node.stop(&key).await?, "stopped"),
-        Command::Notify { key, payload, .. } => {
-            client::event_code(&node.notify(&key, payload.as_bytes()).await?, "notified")
-        }
-        Command::Status { key, json, .. } => match node.status(&key).await? {
+        Command::Status { key, json, .. } => match view.status(&key).await? {
             Some(job) if json => (exit::OK, pulse_http::views::job_json(&job).to_string()),
             Some(job) => (
                 exit::OK,
@@ -288,6 +287,38 @@ async fn answer(node: &pulse_pool::Node, command: Command) -> anyhow::Result<(u8
             ),
             None => (exit::NOT_FOUND_OR_EXISTS, "no such job".into()),
         },
+        Command::Jobs { json, .. } => {
+            client::print_jobs(&mut view.jobs().await?, json);
+            (exit::OK, String::new())
+        }
+        Command::Workers { json, .. } => {
+            client::print_workers(&view.workers().await?, json);
+            (exit::OK, String::new())
+        }
+        Command::Nodes { json, .. } => {
+            client::print_nodes(&view.nodes().await?, json);
+            (exit::OK, String::new())
+        }
+        _ => unreachable!("only read-only commands come here"),
+    })
+}
+
+async fn answer(node: &pulse_pool::Node, command: Command) -> anyhow::Result<(u8, String)> {
+    Ok(match command {
+        Command::Dispatch { key, payload, payload_file, .. } => {
+            let key = key.context("a KEY or --from-file is needed")?;
+            let payload = match payload_file {
+                Some(file) => {
+                    std::fs::read(&file).with_context(|| format!("failed to read {}", file.display()))?
+                }
+                None => payload.unwrap_or_default().into_bytes(),
+            };
+            client::dispatch_code(&node.dispatch(&key, &payload).await?)
+        }
+        Command::Stop { key, .. } => client::event_code(&node.stop(&key).await?, "stopped"),
+        Command::Notify { key, payload, .. } => {
+            client::event_code(&node.notify(&key, payload.as_bytes()).await?, "notified")
+        }
         Command::Retry { key, .. } => match node.retry(&key).await? {
             true => (exit::OK, "queued again from attempt 1".into()),
             false => (exit::NOT_FOUND_OR_EXISTS, "no failed job has this key".into()),
@@ -300,19 +331,7 @@ async fn answer(node: &pulse_pool::Node, command: Command) -> anyhow::Result<(u8
             let jobs = node.shutdown(timeout).await?;
             (exit::OK, format!("shut down; the pool held {jobs} jobs"))
         }
-        Command::Jobs { json, .. } => {
-            client::print_jobs(&mut node.jobs().await?, json);
-            (exit::OK, String::new())
-        }
-        Command::Workers { json, .. } => {
-            client::print_workers(&node.workers().await?, json);
-            (exit::OK, String::new())
-        }
-        Command::Nodes { json, .. } => {
-            client::print_nodes(&node.nodes(), json);
-            (exit::OK, String::new())
-        }
-        Command::Run | Command::Check | Command::Events { .. } => unreachable!("handled before"),
+        _ => unreachable!("handled before"),
     })
 }
 
