@@ -33,10 +33,10 @@ use crate::report::{self, percentile};
 pub const SERVE_WORKERS: &str = "serve-workers";
 /// The hidden scenario name of the plugin worker process.
 pub const SERVE_HOST: &str = "serve-host";
-const WORKERS: usize = 4;
+pub(crate) const WORKERS: usize = 4;
 const PAYLOAD: [u8; 100] = [7; 100];
 /// How long the worker process may take to have its workers joined.
-const STARTUP: Duration = Duration::from_secs(60);
+pub(crate) const STARTUP: Duration = Duration::from_secs(60);
 
 type BenchResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -57,7 +57,7 @@ impl JobHandler for NoOp {
 
 /// What runs the jobs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Handler {
+pub(crate) enum Handler {
     NoOp,
     EchoJob,
     EchoWorker,
@@ -163,14 +163,17 @@ fn spawn_noop_workers(url: &str, pool: &str) -> Result<Child, Box<dyn std::error
 /// Who dispatches: a client-only node in this process, or the HTTP API
 /// of the host process.
 #[derive(Clone)]
-enum Dispatcher {
+pub(crate) enum Dispatcher {
     Node(Arc<Node>),
     Http { client: reqwest::Client, url: String },
 }
 
 impl Dispatcher {
     /// The API at `address`, once it answers ready.
-    async fn http(address: std::net::SocketAddr, pool: &str) -> Result<Self, Box<dyn std::error::Error>> {
+    pub(crate) async fn http(
+        address: std::net::SocketAddr,
+        pool: &str,
+    ) -> Result<Self, Box<dyn std::error::Error>> {
         let client = reqwest::Client::new();
         let deadline = Instant::now() + STARTUP;
         loop {
@@ -187,7 +190,7 @@ impl Dispatcher {
     }
 
     /// Dispatches `key`; whether a worker confirmed its start.
-    async fn started(&self, key: &str) -> bool {
+    pub(crate) async fn started(&self, key: &str) -> bool {
         match self {
             Self::Node(node) => matches!(node.dispatch(key, &PAYLOAD).await, Ok(DispatchOutcome::Started)),
             Self::Http { client, url } => {
@@ -201,13 +204,13 @@ impl Dispatcher {
 }
 
 /// A loopback address nobody listens on now.
-fn free_address() -> std::io::Result<std::net::SocketAddr> {
+pub(crate) fn free_address() -> std::io::Result<std::net::SocketAddr> {
     std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()
 }
 
 /// Starts the host's own `run` in another process, serving the `echo`
 /// plugin with 4 workers in `pool` (and its HTTP API on `api`).
-fn spawn_host(
+pub(crate) fn spawn_host(
     url: &str,
     pool: &str,
     handler: Handler,

@@ -18,9 +18,14 @@
 //!   four); Redis commands and CPU per job. Options: `--jobs N`
 //!   (default 20,000; 5,000 for `echo-job`), `--redis URL` (default: a
 //!   private `redis-server`).
+//! - `idle`: two hosts serve one pool; after 10 s without traffic, one
+//!   dispatch through the pool's client and one through the HTTP API:
+//!   p50 and max latency per path (5 rounds). Target: max ≤ 50 ms.
 //! - `failover`: two processes with 2 workers each (lease TTL 2 s) run
-//!   1,000 jobs; one is killed with SIGKILL: time until its jobs run
-//!   again, lost and duplicated jobs.
+//!   1,000 jobs; one is killed with SIGKILL: time until the last of its
+//!   jobs was started again by the survivor's handler (`started_ms`, from
+//!   the handlers' own records) and until the listing shows every job on
+//!   the survivor (`listed_ms`), lost and duplicated jobs.
 //! - `rebalance`: 4 workers run 1,000 jobs; a fifth joins, then the first
 //!   leaves: time to settle, jobs moved vs expected, misplaced after
 //!   settling, most and fewest jobs per worker.
@@ -32,6 +37,7 @@
 #![allow(clippy::print_stdout, reason = "the program's output is its RESULT lines")]
 
 mod dispatch;
+mod idle;
 mod membership;
 mod process;
 mod report;
@@ -40,7 +46,7 @@ mod ticker;
 
 use std::process::ExitCode;
 
-const USAGE: &str = "usage: pulse-bench SCENARIO [--quick] [--jobs N] [--redis URL]\nscenarios: runtime, dispatch [noop|echo-job|echo-worker|echo-http]..., failover, rebalance, ticker";
+const USAGE: &str = "usage: pulse-bench SCENARIO [--quick] [--jobs N] [--redis URL]\nscenarios: runtime, dispatch [noop|echo-job|echo-worker|echo-http]..., idle, failover, rebalance, ticker";
 
 /// Parsed command line.
 #[derive(Debug)]
@@ -104,6 +110,7 @@ fn main() -> ExitCode {
         // The worker process the dispatch scenario spawns.
         dispatch::SERVE_WORKERS => dispatch::serve_workers(&args),
         dispatch::SERVE_HOST => dispatch::serve_host(&args),
+        "idle" => idle::run(&args),
         "failover" => membership::failover(&args),
         "rebalance" => membership::rebalance(&args),
         // The worker processes of the failover scenario.

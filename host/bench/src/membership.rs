@@ -5,9 +5,12 @@
 //! duplicated (more than one), moved (started again).
 //!
 //! - `failover`: two processes with 2 workers each (lease TTL 2 s) run
-//!   1,000 jobs; one is killed with SIGKILL. Reported: the time until
-//!   every job of the killed process runs again, lost and duplicated jobs.
-//!   Target: at most TTL + grace (a fifth of the TTL) + 1 s.
+//!   1,000 jobs; one is killed with SIGKILL. Reported: when the survivor's
+//!   handler started the last of them (`started_ms`, from the time each
+//!   handler's `start` recorded), when the survivor's counts showed every
+//!   job running (`recovered_ms`) and when the listing did (`listed_ms`),
+//!   lost and duplicated jobs. Target: `started_ms` at most TTL + grace (a
+//!   fifth of the TTL) + a tick (a quarter) = 2.9 s.
 //! - `rebalance`: 4 workers run 1,000 jobs; a fifth joins, then the first
 //!   leaves. Reported per change: the time until every job runs on its
 //!   slot's worker, jobs moved vs the jobs whose slot owner changed,
@@ -33,18 +36,26 @@ const LEASE_TTL: Duration = Duration::from_secs(2);
 const PATIENCE: Duration = Duration::from_secs(60);
 
 /// Counts live runs per key in `pulse-bench:{pool}:runs:<pid>`, and all
-/// starts in `pulse-bench:{pool}:starts`.
+/// starts in `pulse-bench:{pool}:starts`; records when each key last
+/// started (Unix ms) in `pulse-bench:{pool}:started:<pid>`.
 #[derive(Clone)]
 struct Counting {
     conn: redis::aio::MultiplexedConnection,
     runs: String,
     starts: String,
+    started_at: String,
 }
 
 impl Counting {
     async fn new(client: &redis::Client, pool: &str) -> BenchResult<Self> {
         let conn = client.get_multiplexed_async_connection().await?;
-        Ok(Self { conn, runs: runs_key(pool, std::process::id()), starts: starts_key(pool) })
+        let pid = std::process::id();
+        Ok(Self {
+            conn,
+            runs: runs_key(pool, pid),
+            starts: starts_key(pool),
+            started_at: started_key(pool, pid),
+        })
     }
 
     async fn count(&self, key: &str, delta: i64) -> Result<(), HandlerError> {
@@ -53,6 +64,7 @@ impl Counting {
         pipe.hincr(&self.runs, key, delta).ignore();
         if delta > 0 {
             pipe.incr(&self.starts, 1).ignore();
+            pipe.hset(&self.started_at, key, unix_ms()).ignore();
         }
         pipe.query_async::<()>(&mut conn).await.map_err(|error| HandlerError::Retryable(error.to_string()))
     }
@@ -64,6 +76,17 @@ fn runs_key(pool: &str, pid: u32) -> String {
 
 fn starts_key(pool: &str) -> String {
     format!("pulse-bench:{{{pool}}}:starts")
+}
+
+fn started_key(pool: &str, pid: u32) -> String {
+    format!("pulse-bench:{{{pool}}}:started:{pid}")
+}
+
+/// This machine's wall clock in Unix milliseconds: the handlers and the
+/// scenario run on one machine.
+fn unix_ms() -> u64 {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    u64::try_from(now.as_millis()).unwrap_or(u64::MAX)
 }
 
 impl JobHandler for Counting {
@@ -163,6 +186,17 @@ async fn dispatch_all(node: &Arc<Node>, jobs: usize) -> BenchResult {
     Ok(())
 }
 
+/// Whether the listing shows `jobs` jobs, each running on a live worker.
+async fn all_listed(node: &Node, jobs: usize) -> BenchResult<bool> {
+    let workers: std::collections::HashSet<String> =
+        node.workers().await?.into_iter().map(|w| w.id).collect();
+    let listed = node.jobs().await?;
+    Ok(listed.len() == jobs
+        && listed.iter().all(|job| {
+            job.state == JobState::Running && job.worker.as_ref().is_some_and(|w| workers.contains(w))
+        }))
+}
+
 /// Slot -> worker, and job -> worker, as Redis has them now.
 async fn placement(node: &Node) -> BenchResult<(BTreeMap<u32, String>, HashMap<String, String>)> {
     let slots = node.workers().await?.into_iter().filter_map(|w| Some((w.slot?, w.id))).collect();
@@ -197,26 +231,42 @@ pub fn failover(args: &Args) -> BenchResult {
         let doomed_pid = doomed.0.id();
         let on_doomed = runs(&mut conn, pool, doomed_pid).await?.values().filter(|n| **n > 0).count();
         let killed = Instant::now();
+        let killed_ms = unix_ms();
         doomed.0.kill()?;
         doomed.0.wait()?;
-        // Until every job has exactly one run on the survivor.
+        // Until every job has exactly one run on the survivor, and the
+        // listing shows every job running there.
         let survivor_pid = survivor.0.id();
         let deadline = killed + PATIENCE;
-        let (recovered, lost, duplicated) = loop {
+        let (mut recovered, mut listed) = (None, None);
+        let (lost, duplicated) = loop {
             let live = runs(&mut conn, pool, survivor_pid).await?;
             let running = live.values().filter(|n| **n == 1).count();
             let duplicated = live.values().filter(|n| **n > 1).count();
-            if running == jobs || Instant::now() > deadline {
-                break (killed.elapsed(), jobs - running - duplicated, duplicated);
+            if running == jobs {
+                recovered.get_or_insert_with(|| killed.elapsed());
             }
-            tokio::time::sleep(Duration::from_millis(10)).await;
+            if listed.is_none() && all_listed(&node, jobs).await? {
+                listed = Some(killed.elapsed());
+            }
+            if (recovered.is_some() && listed.is_some()) || Instant::now() > deadline {
+                break (jobs - running - duplicated, duplicated);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
         };
-        let target = LEASE_TTL + LEASE_TTL / 5 + Duration::from_secs(1);
+        let started_at: HashMap<String, u64> =
+            redis::cmd("HGETALL").arg(started_key(pool, survivor_pid)).query_async(&mut conn).await?;
+        let last_start =
+            started_at.values().copied().filter(|at| *at >= killed_ms).max().unwrap_or(killed_ms);
+        let target = LEASE_TTL + LEASE_TTL / 5 + LEASE_TTL / 4;
+        let never = PATIENCE;
         report::Result::new("failover")
             .field("jobs", jobs)
             .field("jobs_on_killed", on_doomed)
             .millis("lease_ttl_ms", LEASE_TTL)
-            .millis("recovered_ms", recovered)
+            .millis("started_ms", Duration::from_millis(last_start - killed_ms))
+            .millis("recovered_ms", recovered.unwrap_or(never))
+            .millis("listed_ms", listed.unwrap_or(never))
             .millis("target_ms", target)
             .field("lost", lost)
             .field("duplicated", duplicated)
