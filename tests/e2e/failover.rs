@@ -14,16 +14,28 @@ use pulse_testkit::RedisServer;
 const PATIENCE: Duration = Duration::from_secs(60);
 
 /// A `pool-worker` process.
-struct WorkerProcess {
+pub(crate) struct WorkerProcess {
     child: Child,
     stdin: Option<ChildStdin>,
-    node: String,
+    pub(crate) node: String,
 }
 
 impl WorkerProcess {
-    fn spawn(url: &str, pool: &str, workers: usize, lease_ttl_ms: u64) -> Self {
+    pub(crate) fn spawn(url: &str, pool: &str, workers: usize, lease_ttl_ms: u64) -> Self {
+        Self::spawn_with(url, pool, workers, lease_ttl_ms, &[])
+    }
+
+    /// With environment variables (`PULSE_TEST_SAVE_MS`, `PULSE_TEST_JOURNAL`).
+    pub(crate) fn spawn_with(
+        url: &str,
+        pool: &str,
+        workers: usize,
+        lease_ttl_ms: u64,
+        env: &[(&str, &str)],
+    ) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_pool-worker"))
             .args([url, pool, &workers.to_string(), &lease_ttl_ms.to_string()])
+            .envs(env.iter().copied())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -36,7 +48,7 @@ impl WorkerProcess {
         Self { child, stdin, node }
     }
 
-    fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
 
@@ -45,13 +57,13 @@ impl WorkerProcess {
         self.child.wait().unwrap();
     }
 
-    fn signal(&self, signal: &str) {
+    pub(crate) fn signal(&self, signal: &str) {
         let status = Command::new("kill").args([signal, &self.pid().to_string()]).status().unwrap();
         assert!(status.success());
     }
 
     /// Closes the node (its jobs go to the others) and waits for the exit.
-    fn close(mut self) {
+    pub(crate) fn close(mut self) {
         drop(self.stdin.take());
         let status = self.child.wait().unwrap();
         assert!(status.success(), "pool-worker exited with {status}");
@@ -68,16 +80,16 @@ impl Drop for WorkerProcess {
 /// One journal entry: `kind|key|token|worker|pid|detail`, or a marker the
 /// test wrote (`kind` = `killed`, `frozen`, `resumed`; `key` = the pid).
 #[derive(Debug, Clone)]
-struct Entry {
-    kind: String,
-    key: String,
-    token: String,
-    worker: String,
-    pid: String,
-    detail: String,
+pub(crate) struct Entry {
+    pub(crate) kind: String,
+    pub(crate) key: String,
+    pub(crate) token: String,
+    pub(crate) worker: String,
+    pub(crate) pid: String,
+    pub(crate) detail: String,
 }
 
-async fn journal(conn: &mut redis::aio::MultiplexedConnection, pool: &str) -> Vec<Entry> {
+pub(crate) async fn journal(conn: &mut redis::aio::MultiplexedConnection, pool: &str) -> Vec<Entry> {
     let lines: Vec<String> = redis::cmd("LRANGE")
         .arg(format!("pulse-test:{{{pool}}}:journal"))
         .arg(0)
@@ -107,7 +119,7 @@ async fn journal(conn: &mut redis::aio::MultiplexedConnection, pool: &str) -> Ve
         .collect()
 }
 
-async fn mark(conn: &mut redis::aio::MultiplexedConnection, pool: &str, kind: &str, pid: u32) {
+pub(crate) async fn mark(conn: &mut redis::aio::MultiplexedConnection, pool: &str, kind: &str, pid: u32) {
     redis::cmd("RPUSH")
         .arg(format!("pulse-test:{{{pool}}}:journal"))
         .arg(format!("{kind}|{pid}"))
@@ -117,7 +129,7 @@ async fn mark(conn: &mut redis::aio::MultiplexedConnection, pool: &str, kind: &s
 }
 
 /// Dispatches `count` jobs `job-<i>`, 32 at a time; all must start.
-async fn dispatch_all(client: &Arc<Node>, count: usize) {
+pub(crate) async fn dispatch_all(client: &Arc<Node>, count: usize) {
     let mut lanes = Vec::new();
     for lane in 0..32 {
         let client = client.clone();
@@ -138,7 +150,7 @@ async fn dispatch_all(client: &Arc<Node>, count: usize) {
 /// Waits until every one of `count` jobs runs on the worker its key routes
 /// to, every node of `nodes` hosts workers and no other node does, and the
 /// journal shows each job started last on its worker; returns job -> worker.
-async fn settled(
+pub(crate) async fn settled(
     client: &Node,
     conn: &mut redis::aio::MultiplexedConnection,
     pool: &str,
@@ -204,7 +216,7 @@ async fn settled(
 /// freezing of the process running it (a frozen process's runs end there:
 /// if it is evicted it drops them on waking without running them, which
 /// the frozen-process test checks; if not, nobody else starts them).
-fn assert_no_overlap(entries: &[Entry]) {
+pub(crate) fn assert_no_overlap(entries: &[Entry]) {
     let mut running: HashMap<String, String> = HashMap::new(); // key -> pid
     for (i, e) in entries.iter().enumerate() {
         match e.kind.as_str() {
@@ -223,7 +235,7 @@ fn assert_no_overlap(entries: &[Entry]) {
     }
 }
 
-fn client_options() -> NodeOptions {
+pub(crate) fn client_options() -> NodeOptions {
     NodeOptions { reply_timeout: Duration::from_secs(30), ..NodeOptions::default() }
 }
 

@@ -9,8 +9,18 @@
 //! Journal entries (list `pulse-test:{pool}:journal`), one per call:
 //! `kind|key|token|worker|pid|detail|#n` (n numbers the process's entries:
 //! a write retried after a timeout may appear twice) where kind is `start` (detail:
-//! `requeued`), `stop`, `notify` (detail: `seq:payload`) or `drop` (the
-//! worker lost its lease and dropped the job without calling it).
+//! `requeued`), `stop`, `notify` (detail: `seq:payload`), `drop` (the
+//! worker lost its lease and dropped the job without calling it) or
+//! `refused` (detail: the refusal).
+//!
+//! With `PULSE_TEST_SAVE_MS` set, each job, like a long-running one, saves
+//! its state that often from a task of its own, outside handler calls, as
+//! long as its context says it is live; a save refused as not owned (the
+//! job moved although its context said live) is journalled as `refused`
+//! and ends the task.
+//!
+//! `PULSE_TEST_JOURNAL`, when set, is the URL of another Redis for the
+//! journal (for tests that empty the pool's Redis).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -27,11 +37,19 @@ struct Journal {
     runs: Arc<Mutex<HashMap<String, (String, String)>>>,
     /// Entries written so far.
     written: Arc<std::sync::atomic::AtomicU64>,
+    /// The saving task of each job this process runs.
+    savers: Arc<Mutex<HashMap<String, tokio::task::JoinHandle<()>>>>,
+    /// How often a job saves its state (`PULSE_TEST_SAVE_MS`).
+    save_every: Option<Duration>,
 }
 
 impl Journal {
     async fn write(&self, kind: &str, key: &str, detail: &str) {
         let (token, worker) = self.runs.lock().expect("not poisoned").get(key).cloned().unwrap_or_default();
+        self.write_as(kind, key, &token, &worker, detail).await;
+    }
+
+    async fn write_as(&self, kind: &str, key: &str, token: &str, worker: &str, detail: &str) {
         // A number unique in the process: a write retried after a timeout
         // (it may have gone through) is recognisable as the same entry.
         let n = self.written.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -60,10 +78,17 @@ impl JobHandler for Journal {
             .expect("not poisoned")
             .insert(job.key.clone(), (ctx.token().to_owned(), ctx.worker().to_owned()));
         self.write("start", &job.key, if job.requeued { "requeued" } else { "" }).await;
+        if let Some(period) = self.save_every {
+            let saver = tokio::spawn(save_periodically(self.clone(), ctx, period));
+            if let Some(old) = self.savers.lock().expect("not poisoned").insert(job.key, saver) {
+                old.abort();
+            }
+        }
         Ok(())
     }
 
     async fn stop(&self, key: &str) -> Result<(), HandlerError> {
+        self.end_saver(key);
         self.write("stop", key, "").await;
         self.runs.lock().expect("not poisoned").remove(key);
         Ok(())
@@ -75,8 +100,37 @@ impl JobHandler for Journal {
     }
 
     async fn abandon(&self, key: &str) {
+        self.end_saver(key);
         self.write("drop", key, "").await;
         self.runs.lock().expect("not poisoned").remove(key);
+    }
+}
+
+impl Journal {
+    fn end_saver(&self, key: &str) {
+        if let Some(saver) = self.savers.lock().expect("not poisoned").remove(key) {
+            saver.abort();
+        }
+    }
+}
+
+/// A job's own work between handler calls: saves a count every `period`
+/// while its context says it may run.
+async fn save_periodically(journal: Journal, ctx: JobContext, period: Duration) {
+    let mut count: u64 = 0;
+    loop {
+        tokio::time::sleep(period).await;
+        if !ctx.is_live() {
+            continue;
+        }
+        match ctx.save_state(count.to_string().as_bytes()).await {
+            Ok(()) => count += 1,
+            Err(pulse_pool::ContextError::Unavailable(_)) => {}
+            Err(error) => {
+                journal.write_as("refused", ctx.key(), ctx.token(), ctx.worker(), &error.to_string()).await;
+                return;
+            }
+        }
     }
 }
 
@@ -90,11 +144,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let client = redis::Client::open(url.as_str())?;
     let options = NodeOptions { lease_ttl: Duration::from_millis(ttl_ms.parse()?), ..NodeOptions::default() };
     let node = Node::join(&client, pool, options).await?;
+    let journal_client = match std::env::var("PULSE_TEST_JOURNAL") {
+        Ok(url) => redis::Client::open(url.as_str())?,
+        Err(_) => client.clone(),
+    };
     let journal = Journal {
-        conn: client.get_multiplexed_async_connection().await?,
+        conn: journal_client.get_multiplexed_async_connection().await?,
         key: format!("pulse-test:{{{pool}}}:journal"),
         runs: Arc::default(),
         written: Arc::default(),
+        savers: Arc::default(),
+        save_every: std::env::var("PULSE_TEST_SAVE_MS")
+            .ok()
+            .and_then(|ms| ms.parse().ok())
+            .map(Duration::from_millis),
     };
     for _ in 0..workers.parse::<usize>()? {
         // One handler shared by the process's workers: the journal is one.

@@ -175,15 +175,15 @@ impl JobContext {
     /// then the job is still its own and the request may succeed shortly
     /// ([`ContextError::Unavailable`]). Costs one `GET` per refusal only.
     async fn refused(&self) -> ContextError {
-        let lease = &self.core.lease;
-        if lease.data_loss_pending(&self.fence) {
+        let (known, pending) = self.core.lease.epoch_and_pending(&self.fence);
+        if pending {
             return lost_data();
         }
         let mut conn = self.core.conn.clone();
         let epoch: redis::RedisResult<Option<String>> =
             redis::cmd("GET").arg(&self.core.keys.epoch).query_async(&mut conn).await;
         match epoch {
-            Ok(Some(epoch)) if epoch == lease.epoch() => ContextError::NotOwned,
+            Ok(Some(epoch)) if epoch == known => ContextError::NotOwned,
             // Gone or another one: a loss its node has not noticed yet.
             Ok(_) => lost_data(),
             Err(error) => unavailable(error),

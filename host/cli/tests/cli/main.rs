@@ -2,6 +2,7 @@
 //! real plugins.
 //!
 //! - `check`: configurations and plugins refused with precise messages.
+//! - `clients`: client commands: events in full, read-only listings.
 //! - `hosting`: a host runs plugins as workers; the CLI drives their jobs.
 //! - `schedules`: a host runs a producer plugin's schedule.
 //! - `http`: the HTTP API, metrics and health of a running host.
@@ -9,6 +10,7 @@
 #![allow(clippy::unwrap_used, reason = "tests and their helpers: a panic is the failure report")]
 
 mod check;
+mod clients;
 mod hosting;
 mod http;
 mod schedules;

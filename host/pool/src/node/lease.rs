@@ -166,10 +166,21 @@ impl Lease {
         fence
     }
 
-    /// Whether a loss of the pool's data happened that `fence`'s worker has
-    /// not written its jobs back after yet.
-    pub(crate) fn data_loss_pending(&self, fence: &WorkerFence) -> bool {
-        fence.written_back.load(Ordering::Acquire) < *self.data_lost.borrow()
+    /// The epoch this node works in, and whether a loss of the pool's data
+    /// happened that `fence`'s worker has not written its jobs back after
+    /// yet: read together, as [`Lease::adopt_epoch`] changes them.
+    pub(crate) fn epoch_and_pending(&self, fence: &WorkerFence) -> (String, bool) {
+        let epoch = lock(&self.epoch);
+        let pending = fence.written_back.load(Ordering::Acquire) < *self.data_lost.borrow();
+        (epoch.clone(), pending)
+    }
+
+    /// Redis lost the pool's data: the node works in `epoch` from now on,
+    /// and its workers write their jobs back.
+    fn adopt_epoch(&self, epoch: String) {
+        let mut current = lock(&self.epoch);
+        *current = epoch;
+        self.data_lost.send_modify(|n| *n += 1);
     }
 
     /// Worker `id` joined: its lease is renewed from now on.
@@ -366,7 +377,7 @@ impl Core {
             now = %epoch,
             "Redis lost the pool's data (its epoch changed); this node's workers join again"
         );
-        *lock(&self.lease.epoch) = epoch;
+        self.lease.adopt_epoch(epoch);
         // Answers are written only to a reply stream that exists.
         let mut conn = self.conn.clone();
         let recreated: redis::RedisResult<()> = redis::pipe()
@@ -383,7 +394,6 @@ impl Core {
         if let Err(error) = recreated {
             tracing::warn!(error = %error, "failed to recreate the reply stream");
         }
-        self.lease.data_lost.send_modify(|n| *n += 1);
         Ok(())
     }
 

@@ -923,11 +923,24 @@ impl<H: JobHandler> Worker<H> {
             // the stream on every call; deleting one entry is a lookup.
             pipe.cmd("XDEL").arg(&self.inbox_key).arg(id).ignore();
         }
-        let mut conn = self.core.conn.clone();
-        let sent: redis::RedisResult<()> = pipe.query_async(&mut conn).await;
-        if let Err(error) = sent {
-            tracing::warn!(error = %error, "failed to answer or to delete the entry from the inbox");
+        // Sent again when the connection dropped: a lost answer leaves its
+        // caller waiting, and both commands may run twice (a second answer
+        // has no waiter; a second XDEL deletes nothing).
+        for wait in [0, 20, 100, 500] {
+            tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
+            let mut conn = self.core.conn.clone();
+            match pipe.query_async::<()>(&mut conn).await {
+                Ok(()) => return,
+                Err(error) if error.is_connection_dropped() || error.is_io_error() => {
+                    tracing::debug!(error = %error, "the connection dropped while answering; sending again");
+                }
+                Err(error) => {
+                    tracing::warn!(error = %error, "failed to answer or to delete the entry from the inbox");
+                    return;
+                }
+            }
         }
+        tracing::warn!("failed to answer or to delete the entry from the inbox: Redis is unreachable");
     }
 }
 

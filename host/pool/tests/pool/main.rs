@@ -4,6 +4,7 @@
 //! - `dispatch`: routing, outcomes, unique keys, queued jobs, failures.
 //! - `events`: stop and notify, order, sequence numbers, duplicates.
 //! - `membership`: workers joining and leaving while jobs run.
+//! - `liveness`: idle readers, orphaned jobs, leaving, shutdown, data loss.
 //! - `load`: many dispatches; Redis commands per dispatch.
 //! - `redis_faults`: Redis restarting with its data and empty.
 //! - `schedules`: tickers and schedules.
@@ -11,6 +12,7 @@
 
 mod dispatch;
 mod events;
+mod liveness;
 mod load;
 mod membership;
 mod redis_faults;

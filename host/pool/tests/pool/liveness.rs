@@ -1,0 +1,210 @@
+//! Liveness under faults: idle readers that stay connected and hear at
+//! once, jobs listed on a worker that runs them, leaving and shutting down
+//! without starting jobs in vain, requests refused after a data loss
+//! answered as unavailable. Judged from the handlers' side.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use pulse_pool::{ContextError, DispatchOutcome, HandlerError, Job, JobContext, JobHandler, Node};
+use pulse_testkit::{RedisServer, unique};
+
+use crate::{Call, Calls, PATIENCE, Recording, finish, node, options};
+
+async fn connections_received(server: &RedisServer) -> u64 {
+    let mut conn = server.connect().await;
+    let info: String = redis::cmd("INFO").arg("stats").query_async(&mut conn).await.unwrap();
+    info.lines()
+        .find_map(|line| line.strip_prefix("total_connections_received:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_readers_keep_their_connections_and_hear_at_once_after_they_are_killed() {
+    // A private server: CLIENT KILL would cut other tests' connections.
+    let server = RedisServer::start();
+    let client = redis::Client::open(server.url()).unwrap();
+    let calls = Calls::default();
+    let host = Node::join(&client, "idle", options()).await.unwrap();
+    for _ in 0..2 {
+        host.add_worker(Recording::new(&calls)).await.unwrap();
+    }
+    let dispatcher = Node::client(&client, "idle", options()).await.unwrap();
+    assert_eq!(dispatcher.dispatch("warm", b"").await.unwrap(), DispatchOutcome::Started);
+
+    // Blocking reads outlast their client's response timeout: no reader
+    // times out, reconnects and backs off while nothing happens.
+    let before = connections_received(&server).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let opened = connections_received(&server).await - before - 1; // the check's own
+    assert_eq!(opened, 0, "idle nodes opened {opened} connections in 3 s");
+
+    // Every reader loses its connection; each reconnects and hears the
+    // next dispatches (the inboxes and both reply streams).
+    let mut conn = server.connect().await;
+    let _: redis::Value =
+        redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("normal").query_async(&mut conn).await.unwrap();
+    // The dispatcher's own command connection was cut too: its first
+    // command may fail (and it reconnects); the readers must not be deaf.
+    let mut first = dispatcher.dispatch("job-0", b"").await;
+    if first.is_err() {
+        first = dispatcher.dispatch("job-0", b"").await;
+    }
+    assert_eq!(first.unwrap(), DispatchOutcome::Started);
+    for i in 1..10 {
+        assert_eq!(dispatcher.dispatch(&format!("job-{i}"), b"").await.unwrap(), DispatchOutcome::Started);
+    }
+    calls
+        .wait_until("every job started", |calls| {
+            calls.iter().filter(|c| matches!(c, Call::Start { .. })).count() == 11
+        })
+        .await;
+    dispatcher.close().await;
+    host.close().await;
+}
+
+#[tokio::test]
+async fn a_job_listed_on_a_worker_that_does_not_run_it_starts_again() {
+    let pool = unique("orphan");
+    let calls = Calls::default();
+    let node = node(&pool, 1, &calls).await;
+    assert_eq!(node.dispatch("real", b"").await.unwrap(), DispatchOutcome::Started);
+    let worker = node.workers().await.unwrap().remove(0).id;
+    // Redis lists a job on the worker, which never heard of it (as after a
+    // hand-back cut short, or a write-back racing a start).
+    let mut conn = pulse_testkit::connect(pulse_testkit::shared_redis_url()).await;
+    let token: u64 =
+        redis::cmd("INCR").arg(format!("pulse:{{{pool}}}:tokens")).query_async(&mut conn).await.unwrap();
+    redis::pipe()
+        .hset(format!("pulse:{{{pool}}}:jobs"), "orphan", format!("running|{worker}|{token}|0"))
+        .hset_multiple(
+            format!("pulse:{{{pool}}}:job:orphan"),
+            &[("payload", "lost"), ("created", "1"), ("attempt", "1")],
+        )
+        .sadd(format!("pulse:{{{pool}}}:worker:{worker}:jobs"), "orphan")
+        .exec_async(&mut conn)
+        .await
+        .unwrap();
+    // Without any traffic, the worker finds it and it starts again.
+    calls
+        .wait_until("the orphan started", |calls| {
+            calls.iter().any(|c| matches!(c, Call::Start { key, payload, requeued: true, .. } if key == "orphan" && payload == b"lost"))
+        })
+        .await;
+    let status = node.status("orphan").await.unwrap().unwrap();
+    assert_eq!(status.state, pulse_pool::JobState::Running);
+    assert_eq!(calls.of("real").len(), 1, "the job it runs is left alone");
+    finish(&pool, &[&node]).await;
+}
+
+#[tokio::test]
+async fn a_node_leaving_with_two_workers_hands_each_job_straight_to_the_other_node() {
+    let pool = unique("leave-node");
+    let calls = Calls::default();
+    let leaving = node(&pool, 2, &calls).await;
+    let staying = node(&pool, 2, &calls).await;
+    for i in 0..100 {
+        assert_eq!(staying.dispatch(&format!("job-{i}"), b"").await.unwrap(), DispatchOutcome::Started);
+    }
+    let workers = staying.workers().await.unwrap();
+    let of_leaving: HashSet<String> =
+        workers.iter().filter(|w| w.node == leaving.id()).map(|w| w.id.clone()).collect();
+    let before = calls.all().len();
+    leaving.close().await;
+    calls
+        .wait_until("every job runs on the staying node", |calls| {
+            let placement = crate::membership::placement_of(calls);
+            placement.len() == 100 && placement.values().all(|w| !of_leaving.contains(w))
+        })
+        .await;
+    let after = &calls.all()[before..];
+    let mut starts: HashMap<&str, usize> = HashMap::new();
+    for call in after {
+        if let Call::Start { worker, key, .. } = call {
+            assert!(!of_leaving.contains(worker), "{key} started on {worker}, which was leaving");
+            *starts.entry(key).or_default() += 1;
+        }
+    }
+    assert!(starts.values().all(|n| *n == 1), "a job started more than once: {starts:?}");
+    crate::membership::assert_no_overlap(&calls.all());
+    finish(&pool, &[&staying]).await;
+}
+
+#[tokio::test]
+async fn once_a_pool_shutdown_began_no_job_starts_anywhere() {
+    let pool = unique("shutdown-starts");
+    let calls = Calls::default();
+    let a = node(&pool, 2, &calls).await;
+    let b = node(&pool, 2, &calls).await;
+    for i in 0..100 {
+        assert_eq!(a.dispatch(&format!("job-{i}"), b"").await.unwrap(), DispatchOutcome::Started);
+    }
+    let before = calls.all().len();
+    assert_eq!(a.shutdown(PATIENCE).await.unwrap(), 100);
+    let after = &calls.all()[before..];
+    let started: Vec<&Call> = after.iter().filter(|c| matches!(c, Call::Start { .. })).collect();
+    assert!(
+        started.is_empty(),
+        "{} jobs started during the shutdown: {:?}",
+        started.len(),
+        &started[..started.len().min(3)]
+    );
+    let stopped: HashSet<&str> =
+        after.iter().filter(|c| matches!(c, Call::Stop { .. })).map(Call::key).collect();
+    assert_eq!(stopped.len(), 100, "every job is stopped once");
+    a.close().await;
+    b.close().await;
+}
+
+/// Keeps each job's context, to make requests outside handler calls.
+#[derive(Clone, Default)]
+struct Keeping {
+    contexts: Arc<Mutex<HashMap<String, JobContext>>>,
+}
+
+impl JobHandler for Keeping {
+    async fn start(&self, job: Job, ctx: JobContext) -> Result<(), HandlerError> {
+        self.contexts.lock().unwrap().insert(job.key, ctx);
+        Ok(())
+    }
+    async fn stop(&self, key: &str) -> Result<(), HandlerError> {
+        self.contexts.lock().unwrap().remove(key);
+        Ok(())
+    }
+    async fn notify(&self, _key: &str, _payload: Vec<u8>, _seq: u64) -> Result<(), HandlerError> {
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_redis_lost_its_data_a_running_job_s_requests_are_unavailable_never_not_owned() {
+    let mut server = RedisServer::start();
+    let client = redis::Client::open(server.url()).unwrap();
+    let handler = Keeping::default();
+    let node = Node::join(&client, "lost", options()).await.unwrap();
+    node.add_worker(handler.clone()).await.unwrap();
+    assert_eq!(node.dispatch("job", b"").await.unwrap(), DispatchOutcome::Started);
+    let ctx = handler.contexts.lock().unwrap()["job"].clone();
+    ctx.save_state(b"1").await.unwrap();
+
+    server.restart();
+    // Until the worker has written its job back, the job is still its own:
+    // a refusal is the loss's doing and says so.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let mut unavailable = 0;
+    loop {
+        match ctx.save_state(b"2").await {
+            Ok(()) => break,
+            Err(ContextError::Unavailable(_)) => unavailable += 1,
+            Err(error) => panic!("after a data loss the job's request was refused with {error:?}"),
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the job was never written back");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(unavailable > 0, "the first request after the loss cannot have succeeded");
+    assert!(ctx.is_live());
+    assert_eq!(node.status("job").await.unwrap().unwrap().state, pulse_pool::JobState::Running);
+    node.close().await;
+}
