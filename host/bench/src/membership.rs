@@ -186,14 +186,13 @@ async fn dispatch_all(node: &Arc<Node>, jobs: usize) -> BenchResult {
     Ok(())
 }
 
-/// Whether the listing shows `jobs` jobs, each running on a live worker.
-async fn all_listed(node: &Node, jobs: usize) -> BenchResult<bool> {
-    let workers: std::collections::HashSet<String> =
-        node.workers().await?.into_iter().map(|w| w.id).collect();
+/// Whether the listing shows `jobs` jobs, each running on a worker not in
+/// `dead`.
+async fn all_listed(node: &Node, jobs: usize, dead: &std::collections::HashSet<String>) -> BenchResult<bool> {
     let listed = node.jobs().await?;
     Ok(listed.len() == jobs
         && listed.iter().all(|job| {
-            job.state == JobState::Running && job.worker.as_ref().is_some_and(|w| workers.contains(w))
+            job.state == JobState::Running && job.worker.as_ref().is_some_and(|w| !dead.contains(w))
         }))
 }
 
@@ -229,7 +228,15 @@ pub fn failover(args: &Args) -> BenchResult {
         let mut conn = client.get_multiplexed_async_connection().await?;
         dispatch_all(&node, jobs).await?;
         let doomed_pid = doomed.0.id();
-        let on_doomed = runs(&mut conn, pool, doomed_pid).await?.values().filter(|n| **n > 0).count();
+        let doomed_runs = runs(&mut conn, pool, doomed_pid).await?;
+        let on_doomed = doomed_runs.values().filter(|n| **n > 0).count();
+        // The killed process's workers: those its jobs are listed on.
+        let (_, placed) = placement(&node).await?;
+        let dead: std::collections::HashSet<String> = doomed_runs
+            .iter()
+            .filter(|(_, n)| **n > 0)
+            .filter_map(|(key, _)| placed.get(key).cloned())
+            .collect();
         let killed = Instant::now();
         let killed_ms = unix_ms();
         doomed.0.kill()?;
@@ -246,7 +253,7 @@ pub fn failover(args: &Args) -> BenchResult {
             if running == jobs {
                 recovered.get_or_insert_with(|| killed.elapsed());
             }
-            if listed.is_none() && all_listed(&node, jobs).await? {
+            if listed.is_none() && all_listed(&node, jobs, &dead).await? {
                 listed = Some(killed.elapsed());
             }
             if (recovered.is_some() && listed.is_some()) || Instant::now() > deadline {
