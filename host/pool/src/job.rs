@@ -84,7 +84,11 @@ pub struct JobInfo {
 /// Where a job is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum JobState {
-    /// Owned by a worker.
+    /// Sent to a worker, whose handler has not confirmed the start yet
+    /// (the start is still in the worker's inbox). A listing's view only:
+    /// Redis holds such a job as running.
+    Starting,
+    /// Owned by a worker, whose handler started it.
     Running,
     /// Being handed back by its worker; its events are held.
     Moving,

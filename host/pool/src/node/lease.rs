@@ -176,11 +176,23 @@ impl Lease {
     }
 
     /// Redis lost the pool's data: the node works in `epoch` from now on,
-    /// and its workers write their jobs back.
+    /// and its workers call no handler until they joined again and wrote
+    /// their jobs back. The loss is recorded before the fence falls, so a
+    /// worker that finds the fence fallen also finds the loss (and writes
+    /// its jobs back rather than dropping them).
     fn adopt_epoch(&self, epoch: String) {
-        let mut current = lock(&self.epoch);
-        *current = epoch;
-        self.data_lost.send_modify(|n| *n += 1);
+        {
+            let mut current = lock(&self.epoch);
+            *current = epoch;
+            self.data_lost.send_modify(|n| *n += 1);
+        }
+        self.fence_now();
+    }
+
+    /// Whether `fence`'s worker has not written its jobs back since the
+    /// last loss of the pool's data.
+    pub(crate) fn data_loss_pending(&self, fence: &WorkerFence) -> bool {
+        fence.written_back.load(Ordering::Acquire) < *self.data_lost.borrow()
     }
 
     /// Worker `id` joined: its lease is renewed from now on.
@@ -368,7 +380,6 @@ impl Core {
     /// the epoch now in Redis (a new one if there is none) and writes back
     /// the jobs it runs.
     async fn epoch_changed(&self) -> Result<()> {
-        self.lease.fence_now();
         let epoch =
             ensure_epoch(&self.conn, &self.keys.epoch).await.map_err(self.redis_error("read the epoch"))?;
         tracing::error!(

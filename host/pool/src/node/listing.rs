@@ -227,7 +227,64 @@ async fn status<C: ConnectionLike + Send>(
         .query_async(conn)
         .await
         .map_err(redis_error(keys, "read a job"))?;
-    Ok(ownership.and_then(|o| info(key, &o, record)))
+    let mut jobs: Vec<JobInfo> = ownership.and_then(|o| info(key, &o, record)).into_iter().collect();
+    mark_starting(conn, keys, &mut jobs).await?;
+    Ok(jobs.pop())
+}
+
+/// Longest inbox tail read to find unconfirmed starts: a worker this far
+/// behind lists its older starts as running.
+const STARTING_SCAN: usize = 1_000;
+
+/// Lists as [`JobState::Starting`] the running jobs whose start is still
+/// in their worker's inbox: a worker deletes each entry in the round trip
+/// that answers it, so a start there is one whose handler has not
+/// returned. One `XRANGE` per worker of the jobs listed; nothing per
+/// dispatch.
+async fn mark_starting<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &PoolKeys,
+    jobs: &mut [JobInfo],
+) -> Result<()> {
+    let workers: std::collections::BTreeSet<String> = jobs
+        .iter()
+        .filter(|job| job.state == JobState::Running)
+        .filter_map(|job| job.worker.clone())
+        .collect();
+    if workers.is_empty() {
+        return Ok(());
+    }
+    let mut pipe = redis::pipe();
+    for worker in &workers {
+        pipe.cmd("XRANGE").arg(keys.inbox(worker)).arg("-").arg("+").arg("COUNT").arg(STARTING_SCAN);
+    }
+    let inboxes: Vec<redis::streams::StreamRangeReply> =
+        pipe.query_async(conn).await.map_err(redis_error(keys, "list jobs"))?;
+    let mut starting: std::collections::HashSet<(&str, String)> = std::collections::HashSet::new();
+    for (worker, inbox) in workers.iter().zip(&inboxes) {
+        for entry in &inbox.ids {
+            let field = |name: &str| match entry.map.get(name) {
+                Some(redis::Value::BulkString(bytes)) => Some(bytes.as_slice()),
+                _ => None,
+            };
+            if field("n") != Some(b"start".as_slice()) {
+                continue;
+            }
+            if let Some(event) =
+                field("p").and_then(|payload| crate::wire::InboxEvent::decode("start", payload))
+            {
+                starting.insert((worker.as_str(), event.key));
+            }
+        }
+    }
+    for job in jobs.iter_mut().filter(|job| job.state == JobState::Running) {
+        if let Some(worker) = job.worker.as_deref()
+            && starting.contains(&(worker, job.key.clone()))
+        {
+            job.state = JobState::Starting;
+        }
+    }
+    Ok(())
 }
 
 async fn all_jobs<C: ConnectionLike + Send>(conn: &mut C, keys: &PoolKeys) -> Result<Vec<JobInfo>> {
@@ -265,11 +322,12 @@ async fn jobs_page<C: ConnectionLike + Send>(
         pipe.cmd("HMGET").arg(keys.record(key)).arg(&["created", "attempt", "reason"]);
     }
     let records: Vec<Record> = pipe.query_async(conn).await.map_err(redis_error(keys, "list jobs"))?;
-    let jobs = batch
+    let mut jobs: Vec<JobInfo> = batch
         .iter()
         .zip(records)
         .filter_map(|((key, ownership), record)| info(key, ownership, record))
         .collect();
+    mark_starting(conn, keys, &mut jobs).await?;
     Ok((next, jobs))
 }
 

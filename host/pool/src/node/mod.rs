@@ -48,8 +48,8 @@ pub use listing::{JobCounts, NodeInfo, PoolView, WorkerInfo};
 /// - `events_retention`: the pool's events stream keeps about 10,000 entries;
 /// - `lease_ttl`: 10 s. A worker of a node that cannot renew its lease
 ///   stops running its jobs after `lease_ttl` minus a tenth; its jobs move
-///   to other workers `lease_ttl` plus a fifth after its last renewal, plus
-///   up to a quarter for the next janitor round.
+///   to other workers `lease_ttl` plus a fifth after its last renewal (the
+///   janitors wake then).
 #[derive(Debug, Clone)]
 pub struct NodeOptions {
     /// Jobs the pool holds at most (0: no limit).

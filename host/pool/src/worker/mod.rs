@@ -123,6 +123,7 @@ pub(crate) async fn spawn<H: JobHandler>(
         join,
         fence,
         lost: false,
+        skipped: false,
         outbox: Vec::new(),
         handler,
         running: HashMap::new(),
@@ -187,6 +188,9 @@ struct Worker<H> {
     /// A handler call was due while the lease may have ended: nothing more
     /// is called until the worker has joined again.
     lost: bool,
+    /// A handler call of the entry being processed was skipped because
+    /// Redis lost the pool's data: the entry stays in the inbox.
+    skipped: bool,
     /// Answers to send with the deletion of the entry being processed.
     outbox: Vec<Outgoing>,
     inbox_key: String,
@@ -277,6 +281,9 @@ impl<H: JobHandler> Worker<H> {
                 () = fence.evicted() => return Exit::Lost,
                 () = tokio::time::sleep_until(self.core.lease.fence_at()), if has_jobs => {
                     if !self.core.lease.valid_for(&self.fence) {
+                        if self.core.lease.data_loss_pending(&self.fence) {
+                            return Exit::DataLost;
+                        }
                         self.fence.fence();
                         return Exit::Lost;
                     }
@@ -365,6 +372,13 @@ impl<H: JobHandler> Worker<H> {
     /// lost and calls nothing more.
     fn may_call(&mut self) -> bool {
         if !self.lost && !self.core.lease.valid_for(&self.fence) {
+            if self.core.lease.data_loss_pending(&self.fence) {
+                // Redis lost the pool's data: no call until the worker has
+                // joined again and written its jobs back (what it skips
+                // stays in its inbox, read again from the oldest entry).
+                self.skipped = true;
+                return false;
+            }
             tracing::warn!("the lease may have ended: this worker calls no handler until it joins again");
             self.lost = true;
             self.fence.fence();
@@ -509,6 +523,7 @@ impl<H: JobHandler> Worker<H> {
     }
 
     async fn on_entry(&mut self, entry: pulse_streams::Event) {
+        self.skipped = false;
         if !self.may_call() {
             // Left in the inbox: whoever runs its job next receives it.
             return;
@@ -520,8 +535,9 @@ impl<H: JobHandler> Worker<H> {
             }
             None => tracing::warn!(id = %entry.id, "skipped a malformed inbox entry"),
         }
-        if self.lost {
-            // A call was not made: the entry stays for the job's next worker.
+        if self.lost || self.skipped {
+            // A call was not made: the entry stays for the job's next worker
+            // (or for this one, once it wrote its jobs back).
             self.flush(None).await;
             return;
         }
