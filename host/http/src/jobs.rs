@@ -134,10 +134,10 @@ pub(crate) async fn list(
     }
     let state = match query.state.as_deref() {
         None => None,
-        Some(text @ ("running" | "moving" | "queued" | "failed")) => Some(text.to_owned()),
+        Some(text @ ("starting" | "running" | "moving" | "queued" | "failed")) => Some(text.to_owned()),
         Some(other) => {
             return Err(ApiError::bad_request(format!(
-                "`state` = {other:?}: allowed are running, moving, queued and failed"
+                "`state` = {other:?}: allowed are starting, running, moving, queued and failed"
             )));
         }
     };

@@ -6,6 +6,7 @@ use serde_json::{Value, json};
 /// A job state as the API and the CLI write it.
 pub fn state_name(state: JobState) -> &'static str {
     match state {
+        JobState::Starting => "starting",
         JobState::Running => "running",
         JobState::Moving => "moving",
         JobState::Queued => "queued",
