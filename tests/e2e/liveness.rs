@@ -134,11 +134,20 @@ async fn redis_restarted_empty_under_dispatch_load_keeps_running_jobs_where_they
         if initial && load_started.iter().all(|k| running.contains(k.as_str())) {
             break;
         }
-        assert!(
-            Instant::now() < deadline,
-            "not every running job came back: {} listed running",
-            running.len()
-        );
+        if Instant::now() > deadline {
+            let missing: Vec<String> = (0..100)
+                .map(|i| format!("job-{i}"))
+                .chain(load_started.iter().cloned())
+                .filter(|k| !running.contains(k.as_str()))
+                .collect();
+            let entries = journal(&mut journal_conn, pool).await;
+            let about: Vec<&Entry> =
+                entries.iter().filter(|e| missing.first() == Some(&e.key) || e.kind == "restarted").collect();
+            let listed: Vec<_> = jobs.iter().filter(|j| missing.contains(&j.key)).collect();
+            panic!(
+                "not every running job came back: missing {missing:?}, listed as {listed:?}; journal of the first: {about:#?}"
+            );
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let entries = journal(&mut journal_conn, pool).await;

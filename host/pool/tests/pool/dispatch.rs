@@ -55,7 +55,7 @@ async fn a_job_dispatched_without_workers_waits_and_starts_when_one_joins() {
     assert!(
         matches!(&calls.all()[0], Call::Start { key, payload, .. } if key == "waiting" && payload == b"hello")
     );
-    assert_eq!(client_node.status("waiting").await.unwrap().unwrap().state, JobState::Running);
+    crate::wait_for_state(&client_node, "waiting", JobState::Running).await;
     finish(&pool, &[&full, &client_node]).await;
 }
 

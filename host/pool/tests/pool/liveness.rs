@@ -93,8 +93,7 @@ async fn a_job_listed_on_a_worker_that_does_not_run_it_starts_again() {
             calls.iter().any(|c| matches!(c, Call::Start { key, payload, requeued: true, .. } if key == "orphan" && payload == b"lost"))
         })
         .await;
-    let status = node.status("orphan").await.unwrap().unwrap();
-    assert_eq!(status.state, pulse_pool::JobState::Running);
+    crate::wait_for_state(&node, "orphan", pulse_pool::JobState::Running).await;
     assert_eq!(calls.of("real").len(), 1, "the job it runs is left alone");
     finish(&pool, &[&node]).await;
 }
@@ -207,4 +206,47 @@ async fn after_redis_lost_its_data_a_running_job_s_requests_are_unavailable_neve
     assert!(ctx.is_live());
     assert_eq!(node.status("job").await.unwrap().unwrap().state, pulse_pool::JobState::Running);
     node.close().await;
+}
+
+/// Starts a job only once the test lets it.
+#[derive(Clone)]
+struct Gated {
+    gate: Arc<tokio::sync::Semaphore>,
+}
+
+impl JobHandler for Gated {
+    async fn start(&self, _job: Job, _ctx: JobContext) -> Result<(), HandlerError> {
+        self.gate.acquire().await.unwrap().forget();
+        Ok(())
+    }
+    async fn stop(&self, _key: &str) -> Result<(), HandlerError> {
+        Ok(())
+    }
+    async fn notify(&self, _key: &str, _payload: Vec<u8>, _seq: u64) -> Result<(), HandlerError> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_job_is_listed_starting_until_its_handler_s_start_returned() {
+    let pool = unique("starting");
+    pulse_testkit::init_tracing();
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let node = Node::join(&crate::client(), &pool, options()).await.unwrap();
+    node.add_worker(Gated { gate: gate.clone() }).await.unwrap();
+    let dispatch = {
+        let node = Node::client(&crate::client(), &pool, options()).await.unwrap();
+        tokio::spawn(async move {
+            let outcome = node.dispatch("slow", b"").await.unwrap();
+            node.close().await;
+            outcome
+        })
+    };
+    crate::wait_for_state(&node, "slow", pulse_pool::JobState::Starting).await;
+    let listed = node.jobs().await.unwrap();
+    assert_eq!(listed[0].state, pulse_pool::JobState::Starting, "{listed:?}");
+    gate.add_permits(1);
+    assert_eq!(dispatch.await.unwrap(), DispatchOutcome::Started);
+    assert_eq!(node.status("slow").await.unwrap().unwrap().state, pulse_pool::JobState::Running);
+    finish(&pool, &[&node]).await;
 }

@@ -146,6 +146,21 @@ impl JobHandler for Recording {
     }
 }
 
+/// Waits until `node` lists job `key` in `state` (a start shows as
+/// `Starting` until its worker has answered it, a moment after the handler
+/// returned).
+pub async fn wait_for_state(node: &Node, key: &str, state: pulse_pool::JobState) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let now = node.status(key).await.unwrap().map(|job| job.state);
+        if now == Some(state) {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{key} is {now:?}, not {state:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// A client of the binary's shared private Redis.
 pub fn client() -> redis::Client {
     redis::Client::open(pulse_testkit::shared_redis_url()).unwrap()

@@ -39,9 +39,10 @@ async fn assert_placed(node: &Node, calls: &Calls, jobs: usize) {
             && placement.iter().all(|(key, worker)| *worker == by_slot[&slot_of(key, slots)])
     };
     calls.wait_until("every job sits on its slot's worker", placed).await;
-    // Settled: every job is also running (not moving or queued) in Redis.
+    // Settled: every job is also running (not moving or queued) in Redis,
+    // once the last starts are answered.
     for job in node.jobs().await.unwrap() {
-        assert_eq!(job.state, pulse_pool::JobState::Running, "{}", job.key);
+        crate::wait_for_state(node, &job.key, pulse_pool::JobState::Running).await;
     }
 }
 
