@@ -943,7 +943,10 @@ impl<H: JobHandler> Worker<H> {
         // caller waiting, and both commands may run twice (a second answer
         // has no waiter; a second XDEL deletes nothing).
         for wait in [0, 20, 100, 500] {
-            tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
+            if wait > 0 {
+                // (A zero sleep would still wait for the timer's next tick.)
+                tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
+            }
             let mut conn = self.core.conn.clone();
             match pipe.query_async::<()>(&mut conn).await {
                 Ok(()) => return,
