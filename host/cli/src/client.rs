@@ -34,6 +34,14 @@ pub async fn connect(client: &redis::Client, pool: &str, options: NodeOptions) -
     Node::client(client, pool, options).await.with_context(|| format!("failed to reach pool {pool:?}"))
 }
 
+/// Leaves the pool, giving up after 2 s: a client whose Redis went away
+/// has nothing to clean up that would not expire, and must still exit.
+pub async fn close(node: &Node) {
+    if tokio::time::timeout(std::time::Duration::from_secs(2), node.close()).await.is_err() {
+        tracing::warn!(pool = node.pool(), "Redis did not answer while leaving the pool; exiting anyway");
+    }
+}
+
 /// A read-only view of `pool`: it does not join the pool.
 pub async fn view(client: &redis::Client, pool: &str) -> anyhow::Result<PoolView> {
     PoolView::open(client, pool).await.with_context(|| format!("failed to reach pool {pool:?}"))
@@ -57,9 +65,10 @@ pub fn dispatch_code(outcome: &DispatchOutcome) -> (u8, String) {
 
 /// Dispatches the jobs of a JSON-lines file, 32 at a time, and prints each
 /// job's outcome as it arrives. The exit code is the first non-zero one,
-/// or 0. When Redis fails, the jobs whose outcome is unknown (they may
-/// have been accepted) are listed on stderr and the exit code is 7
-/// (unconfirmed); the jobs before them were answered.
+/// or 0. When Redis fails, nothing more is sent: the jobs in flight whose
+/// outcome is unknown (they may have been accepted) are listed on stderr
+/// as `unknown: KEY`, the jobs not sent as `not sent: KEY`, and the exit
+/// code is 7 (unconfirmed).
 pub async fn dispatch_many(node: &Node, file: &std::path::Path) -> anyhow::Result<u8> {
     use futures_util::StreamExt;
 
@@ -79,14 +88,18 @@ pub async fn dispatch_many(node: &Node, file: &std::path::Path) -> anyhow::Resul
         jobs.push(job);
     }
     let mut code = exit::OK;
-    let mut unknown: Vec<&str> = Vec::new();
-    let mut first_error = None;
-    let mut outcomes =
-        futures_util::stream::iter(jobs.iter().map(|job| async move {
-            (job.key.as_str(), node.dispatch(&job.key, job.payload.as_bytes()).await)
-        }))
-        .buffered(32);
-    while let Some((key, outcome)) = outcomes.next().await {
+    let (mut unknown, mut failure) = (Vec::new(), None);
+    let mut in_flight = futures_util::stream::FuturesOrdered::new();
+    let mut sent = 0;
+    loop {
+        while failure.is_none() && in_flight.len() < 32 && sent < jobs.len() {
+            let job = &jobs[sent];
+            in_flight.push_back(async move {
+                (job.key.as_str(), node.dispatch(&job.key, job.payload.as_bytes()).await)
+            });
+            sent += 1;
+        }
+        let Some((key, outcome)) = in_flight.next().await else { break };
         match outcome {
             Ok(outcome) => {
                 let (job_code, message) = dispatch_code(&outcome);
@@ -98,23 +111,27 @@ pub async fn dispatch_many(node: &Node, file: &std::path::Path) -> anyhow::Resul
                 let _ = out.flush();
             }
             Err(error) => {
-                first_error.get_or_insert(error);
+                failure.get_or_insert(error);
                 unknown.push(key);
             }
         }
     }
-    if let Some(error) = first_error {
-        eprintln!("pulse-host: {error}");
-        eprintln!(
-            "pulse-host: the outcome of {} job(s) is unknown (they may have been accepted):",
-            unknown.len()
-        );
-        for key in unknown {
-            eprintln!("{key}");
-        }
-        return Ok(exit::UNCONFIRMED);
+    let Some(error) = failure else { return Ok(code) };
+    let not_sent = &jobs[sent..];
+    eprintln!("pulse-host: {error}");
+    eprintln!(
+        "pulse-host: the outcome of {} job(s) is unknown (they may have been accepted); {} job(s) were not sent:",
+        unknown.len(),
+        not_sent.len()
+    );
+    let mut err = std::io::stderr().lock();
+    for key in unknown {
+        let _ = writeln!(err, "unknown: {key}");
     }
-    Ok(code)
+    for job in not_sent {
+        let _ = writeln!(err, "not sent: {}", job.key);
+    }
+    Ok(exit::UNCONFIRMED)
 }
 
 pub fn event_code(outcome: &EventOutcome, done: &str) -> (u8, String) {

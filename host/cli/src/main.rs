@@ -243,7 +243,7 @@ async fn client_command(
         Command::Dispatch { pool, from_file: Some(file), .. } => {
             let node = client::connect(client, pool, options).await?;
             let result = client::dispatch_many(&node, file).await;
-            node.close().await;
+            client::close(&node).await;
             return result.map(ExitCode::from);
         }
         Command::Dispatch { pool, .. }
@@ -256,7 +256,7 @@ async fn client_command(
     };
     let node = client::connect(client, &pool, options).await?;
     let result = answer(&node, command).await;
-    node.close().await;
+    client::close(&node).await;
     finish(result)
 }
 

@@ -50,3 +50,58 @@ fn events_without_follow_prints_every_entry_up_to_the_newest() {
         assert_eq!(keys, vec![pulse_streams::stream_key("many", "events")]);
     });
 }
+
+#[test]
+fn dispatch_from_file_prints_outcomes_as_they_come_and_names_the_unknown_ones_when_redis_dies() {
+    use std::io::{BufRead as _, BufReader};
+    use std::process::{Command, Stdio};
+
+    let mut server = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &[], "");
+    const JOBS: usize = 50_000;
+    let file = dir.path().join("jobs.jsonl");
+    let lines: Vec<String> =
+        (0..JOBS).map(|i| format!("{{\"key\": \"job-{i}\", \"payload\": \"p\"}}")).collect();
+    std::fs::write(&file, lines.join("\n")).unwrap();
+    // No host serves the pool: each job is answered `queued` at once.
+    let mut child = Command::new(crate::binary())
+        .arg("--config")
+        .arg(&config)
+        .args(["--redis", server.url(), "dispatch", "--pool", "batch", "--from-file"])
+        .arg(&file)
+        .env_remove("PULSE_REDIS_URL")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Read at once: the keys it names on stderr fill any pipe buffer.
+    let mut stderr_pipe = child.stderr.take().unwrap();
+    let stderr_reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut stderr_pipe, &mut text).unwrap();
+        text
+    });
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    stdout.read_line(&mut first).unwrap();
+    assert!(first.ends_with(": queued: no worker is alive; it starts when one joins\n"), "{first:?}");
+    // Outcomes arrive while the batch goes on: Redis dies in the middle.
+    server.kill();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+    let stderr = stderr_reader.join().unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(7), "stderr: {stderr}");
+    let answered: Vec<&str> =
+        std::iter::once(first.as_str()).chain(rest.lines()).map(|l| l.split(':').next().unwrap()).collect();
+    let unknown: Vec<&str> = stderr.lines().filter_map(|l| l.strip_prefix("unknown: ")).collect();
+    let not_sent: Vec<&str> = stderr.lines().filter_map(|l| l.strip_prefix("not sent: ")).collect();
+    assert!(stderr.contains("is unknown"), "{stderr}");
+    assert!(!unknown.is_empty(), "the jobs in flight when Redis died are named: {stderr}");
+    assert!(answered.len() > 1 && answered.len() + unknown.len() < JOBS, "{} answered", answered.len());
+    let mut all: Vec<&str> = answered.iter().chain(&unknown).chain(&not_sent).copied().collect();
+    all.sort_unstable();
+    all.dedup();
+    assert_eq!(all.len(), JOBS, "every job is answered, named unknown or named not sent, once");
+}
