@@ -817,21 +817,23 @@ impl<H: JobHandler> Worker<H> {
         handed
     }
 
-    /// Processes every entry of the inbox up to the last one there now.
-    async fn drain(&mut self, inbox: &mut ReaderSubscription, ended: &mut mpsc::UnboundedReceiver<Ended>) {
+    /// The id of the last entry of the inbox now, if it holds any.
+    async fn inbox_last_id(&self) -> redis::RedisResult<Option<String>> {
         let mut conn = self.core.conn.clone();
-        let last: redis::RedisResult<redis::streams::StreamRangeReply> = redis::cmd("XREVRANGE")
+        let last: redis::streams::StreamRangeReply = redis::cmd("XREVRANGE")
             .arg(&self.inbox_key)
             .arg("+")
             .arg("-")
             .arg("COUNT")
             .arg(1)
             .query_async(&mut conn)
-            .await;
-        let Some(last) = last.ok().and_then(|reply| reply.ids.into_iter().next()).map(|entry| entry.id)
-        else {
-            return;
-        };
+            .await?;
+        Ok(last.ids.into_iter().next().map(|entry| entry.id))
+    }
+
+    /// Processes every entry of the inbox up to the last one there now.
+    async fn drain(&mut self, inbox: &mut ReaderSubscription, ended: &mut mpsc::UnboundedReceiver<Ended>) {
+        let Ok(Some(last)) = self.inbox_last_id().await else { return };
         self.drain_to(&last, inbox, ended).await;
     }
 

@@ -96,15 +96,7 @@ impl<H: JobHandler> Worker<H> {
         }
         // After the tokens were read: a start for any of them is at or
         // before this entry.
-        let last: redis::streams::StreamRangeReply = redis::cmd("XREVRANGE")
-            .arg(&self.inbox_key)
-            .arg("+")
-            .arg("-")
-            .arg("COUNT")
-            .arg(1)
-            .query_async(&mut conn)
-            .await?;
-        let mark = last.ids.into_iter().next().map_or_else(|| "0-0".to_owned(), |entry| entry.id);
+        let mark = self.inbox_last_id().await?.unwrap_or_else(|| "0-0".to_owned());
         tracing::debug!(jobs = suspects.len(), %mark, "jobs listed here that do not run here; checking again");
         Ok(Some(Orphans { mark, suspects }))
     }
