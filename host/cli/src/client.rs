@@ -210,7 +210,7 @@ pub async fn events(
 ) -> anyhow::Result<ExitCode> {
     let stream = Stream::open(client, "events", StreamOptions::default().hash_tag(pool)).await?;
     // The bound first: what is added while the backlog prints comes after.
-    let newest = stream.latest(1).await?.into_iter().next().map(|event| event.id);
+    let newest = stream.last_id().await?;
     let mut after: Option<String> = None;
     if let Some(newest) = &newest {
         loop {

@@ -39,6 +39,11 @@ pub(crate) const SLOTS_MAP: &str = "slots";
 pub(crate) const WORKERS_MAP: &str = "workers";
 
 impl PoolKeys {
+    /// Maps a Redis failure of operation `op` to this pool's error.
+    pub(crate) fn redis_error(&self, op: &'static str) -> impl FnOnce(redis::RedisError) -> Error + '_ {
+        move |source| Error::Redis { op, pool: self.pool.clone(), source }
+    }
+
     pub(crate) fn new(pool: &str) -> Self {
         let key = |suffix: &str| format!("pulse:{{{pool}}}:{suffix}");
         Self {

@@ -202,6 +202,32 @@ impl Stream {
         Ok((reply.ids.iter().filter_map(crate::Event::decode).collect(), next))
     }
 
+    /// The id of the stream's last entry now (malformed or not), `None`
+    /// when it is empty.
+    ///
+    /// # Errors
+    /// [`Error::Redis`].
+    pub async fn last_id(&self) -> Result<Option<String>> {
+        self.last_entry_id().await.map_err(|source| Error::Redis {
+            op: "read the last id",
+            stream: self.inner.name.clone(),
+            source,
+        })
+    }
+
+    async fn last_entry_id(&self) -> redis::RedisResult<Option<String>> {
+        let mut conn = self.inner.conn.clone();
+        let last: redis::streams::StreamRangeReply = redis::cmd("XREVRANGE")
+            .arg(&self.inner.keys.stream)
+            .arg("+")
+            .arg("-")
+            .arg("COUNT")
+            .arg(1)
+            .query_async(&mut conn)
+            .await?;
+        Ok(last.ids.into_iter().next().map(|entry| entry.id))
+    }
+
     /// Deletes the stream, its groups and their bookkeeping. Readers and
     /// sinks of it see no more events; a sink recreates its group if events
     /// are added again.
@@ -271,18 +297,7 @@ impl Start {
                 Some(before) => format!("{before}-{}", u64::MAX),
                 None => "0-0".to_owned(),
             },
-            Start::Newest => {
-                let mut conn = stream.inner.conn.clone();
-                let last: redis::streams::StreamRangeReply = redis::cmd("XREVRANGE")
-                    .arg(&stream.inner.keys.stream)
-                    .arg("+")
-                    .arg("-")
-                    .arg("COUNT")
-                    .arg(1)
-                    .query_async(&mut conn)
-                    .await?;
-                last.ids.into_iter().next().map_or_else(|| "0-0".to_owned(), |entry| entry.id)
-            }
+            Start::Newest => stream.last_entry_id().await?.unwrap_or_else(|| "0-0".to_owned()),
         })
     }
 }

@@ -171,8 +171,7 @@ impl Lease {
     /// yet: read together, as [`Lease::adopt_epoch`] changes them.
     pub(crate) fn epoch_and_pending(&self, fence: &WorkerFence) -> (String, bool) {
         let epoch = lock(&self.epoch);
-        let pending = fence.written_back.load(Ordering::Acquire) < *self.data_lost.borrow();
-        (epoch.clone(), pending)
+        (epoch.clone(), self.data_loss_pending(fence))
     }
 
     /// Redis lost the pool's data: the node works in `epoch` from now on,

@@ -194,10 +194,6 @@ impl PoolView {
     }
 }
 
-fn redis_error<'a>(keys: &'a PoolKeys, op: &'static str) -> impl FnOnce(redis::RedisError) -> Error + 'a {
-    move |source| Error::Redis { op, pool: keys.pool.clone(), source }
-}
-
 fn nodes_of(workers: HashMap<String, String>) -> Vec<NodeInfo> {
     let mut nodes: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for (worker, value) in workers {
@@ -226,7 +222,7 @@ async fn status<C: ConnectionLike + Send>(
         .arg(&["created", "attempt", "reason"])
         .query_async(conn)
         .await
-        .map_err(redis_error(keys, "read a job"))?;
+        .map_err(keys.redis_error("read a job"))?;
     let mut jobs: Vec<JobInfo> = ownership.and_then(|o| info(key, &o, record)).into_iter().collect();
     mark_starting(conn, keys, &mut jobs).await?;
     Ok(jobs.pop())
@@ -259,7 +255,7 @@ async fn mark_starting<C: ConnectionLike + Send>(
         pipe.cmd("XRANGE").arg(keys.inbox(worker)).arg("-").arg("+").arg("COUNT").arg(STARTING_SCAN);
     }
     let inboxes: Vec<redis::streams::StreamRangeReply> =
-        pipe.query_async(conn).await.map_err(redis_error(keys, "list jobs"))?;
+        pipe.query_async(conn).await.map_err(keys.redis_error("list jobs"))?;
     let mut starting: std::collections::HashSet<(&str, String)> = std::collections::HashSet::new();
     for (worker, inbox) in workers.iter().zip(&inboxes) {
         for entry in &inbox.ids {
@@ -313,7 +309,7 @@ async fn jobs_page<C: ConnectionLike + Send>(
         .arg(count.max(1))
         .query_async(conn)
         .await
-        .map_err(redis_error(keys, "list jobs"))?;
+        .map_err(keys.redis_error("list jobs"))?;
     if batch.is_empty() {
         return Ok((next, Vec::new()));
     }
@@ -321,7 +317,7 @@ async fn jobs_page<C: ConnectionLike + Send>(
     for (key, _) in &batch {
         pipe.cmd("HMGET").arg(keys.record(key)).arg(&["created", "attempt", "reason"]);
     }
-    let records: Vec<Record> = pipe.query_async(conn).await.map_err(redis_error(keys, "list jobs"))?;
+    let records: Vec<Record> = pipe.query_async(conn).await.map_err(keys.redis_error("list jobs"))?;
     let mut jobs: Vec<JobInfo> = batch
         .iter()
         .zip(records)
@@ -360,7 +356,7 @@ async fn workers_of<C: ConnectionLike + Send>(
     for worker in &workers {
         pipe.scard(keys.worker_jobs(&worker.id));
     }
-    let counts: Vec<u64> = pipe.query_async(conn).await.map_err(redis_error(keys, "list workers"))?;
+    let counts: Vec<u64> = pipe.query_async(conn).await.map_err(keys.redis_error("list workers"))?;
     for (worker, count) in workers.iter_mut().zip(counts) {
         worker.jobs = count;
     }

@@ -107,7 +107,7 @@ pub(crate) struct Core {
 
 impl Core {
     pub(crate) fn redis_error(&self, op: &'static str) -> impl FnOnce(redis::RedisError) -> Error + '_ {
-        move |source| Error::Redis { op, pool: self.keys.pool.clone(), source }
+        self.keys.redis_error(op)
     }
 
     /// A request id unique in the pool: the node's id and a counter.

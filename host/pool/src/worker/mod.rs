@@ -108,7 +108,13 @@ pub(crate) async fn spawn<H: JobHandler>(
     join: u64,
     handler: H,
 ) -> Result<WorkerHandle> {
-    let (reader, inbox) = open_inbox(&core, &id).await?;
+    let inbox_stream = Stream::open(
+        &core.client,
+        &PoolKeys::inbox_name(&id),
+        StreamOptions::default().hash_tag(&core.keys.pool),
+    )
+    .await?;
+    let (reader, inbox) = open_inbox(&inbox_stream).await?;
     // One subscription for the worker's life: every change of the slot
     // table makes it check where its jobs belong.
     let slot_changes = core.slots.subscribe();
@@ -118,6 +124,7 @@ pub(crate) async fn spawn<H: JobHandler>(
     let fence = core.lease.add_member(&id, None);
     let worker = Worker {
         inbox_key: core.keys.inbox(&id),
+        inbox: inbox_stream,
         core,
         id,
         join,
@@ -140,14 +147,8 @@ pub(crate) async fn spawn<H: JobHandler>(
     Ok(WorkerHandle { control: control_tx, task: Some(task) })
 }
 
-/// Opens worker `id`'s inbox, read from its oldest entry.
-async fn open_inbox(core: &Core, id: &str) -> Result<(pulse_streams::Reader, ReaderSubscription)> {
-    let stream = Stream::open(
-        &core.client,
-        &PoolKeys::inbox_name(id),
-        StreamOptions::default().hash_tag(&core.keys.pool),
-    )
-    .await?;
+/// Reads a worker's inbox from its oldest entry.
+async fn open_inbox(stream: &Stream) -> Result<(pulse_streams::Reader, ReaderSubscription)> {
     let reader = stream.reader(ReaderOptions::default().start(Start::Oldest).queue(65_536)).await?;
     let inbox = reader.subscribe();
     Ok((reader, inbox))
@@ -194,6 +195,8 @@ struct Worker<H> {
     /// Answers to send with the deletion of the entry being processed.
     outbox: Vec<Outgoing>,
     inbox_key: String,
+    /// The inbox, as a stream.
+    inbox: Stream,
     handler: H,
     running: HashMap<String, Running>,
     retrying: HashMap<String, Retrying>,
@@ -337,11 +340,8 @@ impl<H: JobHandler> Worker<H> {
                 // Straight to where they route now: this worker's slots
                 // (and its leaving siblings') are given up already.
                 let all: Vec<String> = self.running.keys().cloned().collect();
-                for key in self.hand_back(all, inbox, ended).await {
-                    if let Err(error) = self.core.assign(&key).await {
-                        tracing::warn!(job.key = %key, error = %error, "failed to assign a job handed back; it stays queued");
-                    }
-                }
+                let handed = self.hand_back(all, inbox, ended).await;
+                self.assign_all(handed).await;
                 for (key, retrying) in std::mem::take(&mut self.retrying) {
                     self.requeue(&key, &retrying.event.token).await;
                 }
@@ -448,7 +448,7 @@ impl<H: JobHandler> Worker<H> {
             self.fence = self.core.lease.add_member(&self.id, Some(self.fence.clone()));
             self.lost = false;
             self.last_id = "0-0".to_owned();
-            let joined = match open_inbox(&self.core, &self.id).await {
+            let joined = match open_inbox(&self.inbox).await {
                 Ok((reader, inbox)) => match self.core.join_worker(&self.id, self.join).await {
                     Ok(()) => Ok((reader, inbox)),
                     Err(error) => {
@@ -752,12 +752,18 @@ impl<H: JobHandler> Worker<H> {
         let handed = self.hand_back(misplaced, inbox, ended).await;
         self.core.metrics.rebalances.increment(1);
         self.core.metrics.moved_jobs.increment(handed.len() as u64);
-        for key in handed {
+        self.assign_all(handed).await;
+        true
+    }
+
+    /// Starts jobs this worker handed back where their keys route now; one
+    /// that cannot be assigned stays queued for the janitor.
+    async fn assign_all(&self, keys: Vec<String>) {
+        for key in keys {
             if let Err(error) = self.core.assign(&key).await {
-                tracing::warn!(job.key = %key, error = %error, "failed to assign a moved job; it stays queued");
+                tracing::warn!(job.key = %key, error = %error, "failed to assign a job handed back; it stays queued");
             }
         }
-        true
     }
 
     /// Hands jobs `keys` back to the pool: marks them moving (their new
@@ -817,23 +823,9 @@ impl<H: JobHandler> Worker<H> {
         handed
     }
 
-    /// The id of the last entry of the inbox now, if it holds any.
-    async fn inbox_last_id(&self) -> redis::RedisResult<Option<String>> {
-        let mut conn = self.core.conn.clone();
-        let last: redis::streams::StreamRangeReply = redis::cmd("XREVRANGE")
-            .arg(&self.inbox_key)
-            .arg("+")
-            .arg("-")
-            .arg("COUNT")
-            .arg(1)
-            .query_async(&mut conn)
-            .await?;
-        Ok(last.ids.into_iter().next().map(|entry| entry.id))
-    }
-
     /// Processes every entry of the inbox up to the last one there now.
     async fn drain(&mut self, inbox: &mut ReaderSubscription, ended: &mut mpsc::UnboundedReceiver<Ended>) {
-        let Ok(Some(last)) = self.inbox_last_id().await else { return };
+        let Ok(Some(last)) = self.inbox.last_id().await else { return };
         self.drain_to(&last, inbox, ended).await;
     }
 

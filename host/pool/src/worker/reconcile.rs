@@ -26,6 +26,7 @@ use std::collections::HashMap;
 use pulse_streams::id_after;
 
 use super::Worker;
+use crate::error::Result;
 use crate::job::JobHandler;
 
 /// Suspects of the last check: key -> the token it was listed under, and
@@ -56,12 +57,18 @@ impl<H: JobHandler> Worker<H> {
         }
     }
 
-    async fn find_orphans(&self) -> redis::RedisResult<Option<Orphans>> {
+    async fn find_orphans(&self) -> Result<Option<Orphans>> {
         let keys = &self.core.keys;
         let set = keys.worker_jobs(&self.id);
         let mut conn = self.core.conn.clone();
-        let (listed, pending): (usize, usize) =
-            redis::pipe().atomic().scard(&set).xlen(&self.inbox_key).query_async(&mut conn).await?;
+        let redis_error = || self.core.redis_error("reconcile");
+        let (listed, pending): (usize, usize) = redis::pipe()
+            .atomic()
+            .scard(&set)
+            .xlen(&self.inbox_key)
+            .query_async(&mut conn)
+            .await
+            .map_err(redis_error())?;
         let local = self.running.len() + self.retrying.len();
         if listed <= local + pending {
             return Ok(None);
@@ -75,11 +82,16 @@ impl<H: JobHandler> Worker<H> {
                 .arg("COUNT")
                 .arg(500)
                 .query_async(&mut conn)
-                .await?;
+                .await
+                .map_err(redis_error())?;
             let batch: Vec<String> = batch.into_iter().filter(|key| !self.runs(key)).collect();
             if !batch.is_empty() {
-                let owners: Vec<Option<String>> =
-                    redis::cmd("HMGET").arg(&keys.jobs).arg(&batch).query_async(&mut conn).await?;
+                let owners: Vec<Option<String>> = redis::cmd("HMGET")
+                    .arg(&keys.jobs)
+                    .arg(&batch)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(redis_error())?;
                 for (key, owner) in batch.into_iter().zip(owners) {
                     if let Some(token) = owner.as_deref().and_then(|owner| self.listed_token(owner)) {
                         suspects.insert(key, token.to_owned());
@@ -96,7 +108,7 @@ impl<H: JobHandler> Worker<H> {
         }
         // After the tokens were read: a start for any of them is at or
         // before this entry.
-        let mark = self.inbox_last_id().await?.unwrap_or_else(|| "0-0".to_owned());
+        let mark = self.inbox.last_id().await?.unwrap_or_else(|| "0-0".to_owned());
         tracing::debug!(jobs = suspects.len(), %mark, "jobs listed here that do not run here; checking again");
         Ok(Some(Orphans { mark, suspects }))
     }
@@ -128,10 +140,6 @@ impl<H: JobHandler> Worker<H> {
             "jobs listed on this worker did not run here; handed back to start again"
         );
         self.core.metrics.moved_jobs.increment(handed.len() as u64);
-        for key in handed {
-            if let Err(error) = self.core.assign(&key).await {
-                tracing::warn!(job.key = %key, error = %error, "failed to assign a job handed back; it stays queued");
-            }
-        }
+        self.assign_all(handed).await;
     }
 }
