@@ -15,6 +15,7 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
 
+use crate::bounds::gated;
 use crate::error::CallError;
 use crate::instance::{GuestCall, Instance};
 use crate::job::Job;
@@ -169,7 +170,11 @@ impl Actor {
         match live.call(GuestCall::Timer(key, name)).await {
             Ok(()) => {}
             Err(error) if !error.ends_job() => {
-                tracing::warn!(job.key = key, timer = name, error = %error, "timer callback failed");
+                // A timer may fail every few milliseconds: its lines count
+                // against the job's log budget.
+                let gate = live.log_gate();
+                let line = format!("timer {name:?} callback failed: {error}");
+                gated(&gate, Some(key), &line, |line| tracing::warn!(job.key = key, "{line}"));
             }
             Err(error) => {
                 live.drop_job(key);

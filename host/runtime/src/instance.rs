@@ -16,6 +16,7 @@ use wasmtime::Store;
 use crate::actor::Command;
 use crate::bindings::JobHandler;
 use crate::bindings::pulse::job::types as wit;
+use crate::bounds::{LogGate, MAX_ERROR_TEXT, cut};
 use crate::error::{CallError, JobError};
 use crate::host::{HostState, JobSlot};
 use crate::job::Job;
@@ -71,8 +72,9 @@ impl Instance {
         outputs: Arc<dyn JobOutputs>,
         commands: mpsc::WeakSender<Command>,
     ) -> Result<Self, CallError> {
-        let limiter = Limiter::new(plugin.limits.memory, plugin.metrics.clone());
-        let state = HostState::new(limiter, plugin.settings.clone(), outputs, commands);
+        let limiter = Limiter::new(plugin.limits.memory, plugin.metrics.clone(), plugin.quota.clone())?;
+        let gate = LogGate::new(plugin.metrics.log_dropped.clone());
+        let state = HostState::new(limiter, plugin.settings.clone(), outputs, commands, gate);
         let mut store = new_store(plugin.pre.engine(), state, plugin.fuel_enabled)?;
         let started = std::time::Instant::now();
         let bindings = plugin
@@ -158,6 +160,11 @@ impl Instance {
         self.jobs().remove(key);
     }
 
+    /// What the instance's jobs may still log.
+    pub(crate) fn log_gate(&mut self) -> Arc<LogGate> {
+        self.store.data().log_gate.clone()
+    }
+
     /// Takes the jobs that completed during the last call.
     pub(crate) fn take_completed(&mut self) -> Vec<String> {
         std::mem::take(&mut self.store.data_mut().completed)
@@ -173,6 +180,7 @@ impl Instance {
         let limits = self.limits;
         refuel(&mut self.store, &limits, self.fuel_enabled)?;
         let span = tracing::info_span!("call", job.key = call.key(), call = call.name());
+        self.store.data().log_gate.enter(call.key());
         let handler = self.bindings.pulse_job_handler();
         let store = &mut self.store;
         let outcome = async {
@@ -244,7 +252,7 @@ pub(crate) fn classify(error: wasmtime::Error, limits: &Limits) -> CallError {
     // The root cause says what happened ("wasm trap: wasm `unreachable`
     // instruction executed"); the guest backtrace goes to the debug log.
     tracing::debug!(error = ?error, "guest call failed");
-    CallError::Trap(error.root_cause().to_string())
+    CallError::Trap(cut(error.root_cause().to_string(), MAX_ERROR_TEXT))
 }
 
 impl CallError {
@@ -271,8 +279,8 @@ fn to_wit(job: &Job) -> wit::Job {
 
 fn from_wit(error: wit::JobError) -> JobError {
     match error {
-        wit::JobError::InvalidInput(message) => JobError::InvalidInput(message),
-        wit::JobError::Retryable(message) => JobError::Retryable(message),
-        wit::JobError::Fatal(message) => JobError::Fatal(message),
+        wit::JobError::InvalidInput(message) => JobError::InvalidInput(cut(message, MAX_ERROR_TEXT)),
+        wit::JobError::Retryable(message) => JobError::Retryable(cut(message, MAX_ERROR_TEXT)),
+        wit::JobError::Fatal(message) => JobError::Fatal(cut(message, MAX_ERROR_TEXT)),
     }
 }

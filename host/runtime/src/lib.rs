@@ -16,6 +16,7 @@
 //!   delivers its timer ticks; restarts jobs after a trap.
 //! - `host`: the store's data and the host functions guests import.
 //! - `limits`: [`Limits`] per plugin and the store's resource limiter.
+//! - `bounds`: the sizes and rates a plugin controls, and their limits.
 //! - `outputs`: [`JobOutputs`], the seam to the pool, and [`Recorder`].
 //! - `error`: [`LoadError`], [`CallError`], [`JobError`], [`HostRefusal`].
 //! - `bindings`: the one `bindgen!` of the WIT contract.
@@ -40,6 +41,7 @@
 
 mod actor;
 mod bindings;
+pub mod bounds;
 mod engine;
 mod error;
 mod host;

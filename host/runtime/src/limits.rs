@@ -1,8 +1,10 @@
 //! Per-plugin limits and the store's resource limiter.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use crate::error::CallError;
 use crate::metrics::PluginMetrics;
 
 /// Limits that apply to every instance of one plugin.
@@ -10,7 +12,8 @@ use crate::metrics::PluginMetrics;
 /// Defaults:
 /// - `memory`: 64 MiB per instance;
 /// - `call_timeout`: 10 s per call (`start`, `stop`, `notify`, `on-timer`);
-/// - `fuel`: none (needs fuel enabled in [`crate::RuntimeConfig`]).
+/// - `fuel`: none (needs fuel enabled in [`crate::RuntimeConfig`]);
+/// - `instances`: none (the runtime's `max_instances` is the only bound).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// Largest linear memory an instance may grow to, in bytes.
@@ -19,11 +22,15 @@ pub struct Limits {
     pub call_timeout: Duration,
     /// Fuel (roughly, wasm instructions) a single call may use.
     pub fuel: Option<u64>,
+    /// Instances of the plugin live at once, at most: its share of the
+    /// runtime's `max_instances`, so that one plugin cannot take the
+    /// instances another needs.
+    pub instances: Option<u32>,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Self { memory: 64 << 20, call_timeout: Duration::from_secs(10), fuel: None }
+        Self { memory: 64 << 20, call_timeout: Duration::from_secs(10), fuel: None, instances: None }
     }
 }
 
@@ -45,6 +52,21 @@ pub(crate) struct Limiter {
     /// The instance's linear memory now, bytes.
     used: u64,
     metrics: Arc<PluginMetrics>,
+    quota: Arc<Quota>,
+}
+
+/// The live instances of one plugin, against its `instances` limit.
+#[derive(Debug)]
+pub(crate) struct Quota {
+    plugin: String,
+    limit: Option<u32>,
+    live: AtomicU32,
+}
+
+impl Quota {
+    pub(crate) fn new(plugin: &str, limit: Option<u32>) -> Arc<Self> {
+        Arc::new(Self { plugin: plugin.to_owned(), limit, live: AtomicU32::new(0) })
+    }
 }
 
 impl std::fmt::Debug for Limiter {
@@ -58,14 +80,32 @@ impl std::fmt::Debug for Limiter {
 const MAX_TABLE_ELEMENTS: usize = 100_000;
 
 impl Limiter {
-    pub(crate) fn new(memory: u64, metrics: Arc<PluginMetrics>) -> Self {
+    /// The limiter of one new instance; refused when the plugin has all
+    /// the instances its quota allows.
+    pub(crate) fn new(
+        memory: u64,
+        metrics: Arc<PluginMetrics>,
+        quota: Arc<Quota>,
+    ) -> Result<Self, CallError> {
+        let taken = quota.live.fetch_add(1, Ordering::AcqRel);
+        if let Some(limit) = quota.limit
+            && taken >= limit
+        {
+            quota.live.fetch_sub(1, Ordering::AcqRel);
+            return Err(CallError::Instantiate(format!(
+                "plugin {:?} has all of its {limit} instances live (its limits.instances); \
+                 the other plugins keep theirs",
+                quota.plugin
+            )));
+        }
         metrics.instances.increment(1.0);
-        Self { memory, used: 0, metrics }
+        Ok(Self { memory, used: 0, metrics, quota })
     }
 }
 
 impl Drop for Limiter {
     fn drop(&mut self) {
+        self.quota.live.fetch_sub(1, Ordering::AcqRel);
         self.metrics.instances.decrement(1.0);
         self.metrics.memory.decrement(self.used as f64);
     }

@@ -11,6 +11,8 @@
 //! - `pulse_plugin_instantiate_seconds`: a histogram.
 //! - `pulse_plugin_memory_bytes`: linear memory of the live instances.
 //! - `pulse_plugin_instances`: live instances.
+//! - `pulse_plugin_log_lines_dropped_total`: log lines of its jobs dropped
+//!   over their log rate (`bounds`).
 
 use metrics::{Counter, Gauge, Histogram};
 
@@ -32,6 +34,8 @@ pub(crate) struct PluginMetrics {
     instantiate: Histogram,
     pub(crate) memory: Gauge,
     pub(crate) instances: Gauge,
+    /// `pulse_plugin_log_lines_dropped_total`: lines over a job's log rate.
+    pub(crate) log_dropped: Counter,
 }
 
 impl PluginMetrics {
@@ -65,6 +69,7 @@ impl PluginMetrics {
             instantiate: metrics::histogram!("pulse_plugin_instantiate_seconds", "plugin" => plugin.to_owned()),
             memory: metrics::gauge!("pulse_plugin_memory_bytes", "plugin" => plugin.to_owned()),
             instances: metrics::gauge!("pulse_plugin_instances", "plugin" => plugin.to_owned()),
+            log_dropped: metrics::counter!("pulse_plugin_log_lines_dropped_total", "plugin" => plugin.to_owned()),
         }
     }
 

@@ -10,7 +10,7 @@ use crate::engine::RuntimeInner;
 use crate::error::{CallError, LoadError};
 use crate::host::HostState;
 use crate::instance::Instance;
-use crate::limits::Limits;
+use crate::limits::{Limits, Quota};
 use crate::metrics::PluginMetrics;
 use crate::outputs::JobOutputs;
 use crate::runner::JobRunner;
@@ -55,6 +55,7 @@ pub(crate) struct PluginInner {
     pub(crate) isolation: Isolation,
     pub(crate) fuel_enabled: bool,
     pub(crate) metrics: Arc<PluginMetrics>,
+    pub(crate) quota: Arc<Quota>,
 }
 
 /// The 8 bytes every WebAssembly binary starts with: magic, then a version
@@ -88,6 +89,7 @@ impl Plugin {
                 isolation: options.isolation,
                 fuel_enabled: runtime.config.fuel_enabled(),
                 metrics: Arc::new(PluginMetrics::handler(name)),
+                quota: Quota::new(name, options.limits.instances),
             }),
         })
     }
@@ -175,6 +177,9 @@ pub(crate) fn check_options(name: &str, limits: &Limits, runtime: &RuntimeInner)
     }
     if limits.call_timeout.is_zero() {
         return Err(invalid("call_timeout must be longer than zero".into()));
+    }
+    if limits.instances == Some(0) {
+        return Err(invalid("instances must be at least 1".into()));
     }
     if limits.fuel.is_some() && !runtime.config.fuel_enabled() {
         return Err(invalid("a fuel limit needs fuel enabled in the runtime configuration".into()));

@@ -10,11 +10,12 @@ use tracing::Instrument as _;
 
 use crate::bindings::producer::JobProducerPre;
 use crate::bindings::producer::exports::pulse::job::producer as wit;
+use crate::bounds::{LogGate, MAX_ERROR_TEXT, cut};
 use crate::engine::RuntimeInner;
 use crate::error::{CallError, HostRefusal, JobError, LoadError};
 use crate::host::HostState;
 use crate::instance::{classify, new_store, refuel};
-use crate::limits::{Limiter, Limits};
+use crate::limits::{Limiter, Limits, Quota};
 use crate::metrics::PluginMetrics;
 use crate::outputs::{BoxFuture, JobOutputs};
 use crate::plugin::{check_options, compile};
@@ -64,6 +65,7 @@ struct ProducerInner {
     settings: Arc<BTreeMap<String, String>>,
     fuel_enabled: bool,
     metrics: Arc<PluginMetrics>,
+    quota: Arc<Quota>,
 }
 
 impl Producer {
@@ -88,6 +90,7 @@ impl Producer {
                 settings: Arc::new(options.settings),
                 fuel_enabled: runtime.config.fuel_enabled(),
                 metrics: Arc::new(PluginMetrics::producer(name)),
+                quota: Quota::new(name, options.limits.instances),
             }),
         })
     }
@@ -105,11 +108,12 @@ impl Producer {
     pub async fn plan(&self) -> Result<PlanAnswer, CallError> {
         let inner = &self.inner;
         let state = HostState::new(
-            Limiter::new(inner.limits.memory, inner.metrics.clone()),
+            Limiter::new(inner.limits.memory, inner.metrics.clone(), inner.quota.clone())?,
             inner.settings.clone(),
             Arc::new(NoJobs),
             // A sender whose receiver is gone: a producer has no timers.
             tokio::sync::mpsc::channel(1).0.downgrade(),
+            LogGate::new(inner.metrics.log_dropped.clone()),
         );
         let mut store = new_store(inner.pre.engine(), state, inner.fuel_enabled)?;
         refuel(&mut store, &inner.limits, inner.fuel_enabled)?;
@@ -129,7 +133,7 @@ impl Producer {
             Ok(Err(error)) => Err(error),
             Ok(Ok(Err(wit::ProducerError::Finished))) => Ok(PlanAnswer::Finished),
             Ok(Ok(Err(wit::ProducerError::Failed(message)))) => {
-                Err(CallError::Guest(JobError::Retryable(message)))
+                Err(CallError::Guest(JobError::Retryable(cut(message, MAX_ERROR_TEXT))))
             }
             Ok(Ok(Ok(plan))) => Ok(PlanAnswer::Plan(Plan {
                 start: plan.start.into_iter().map(|job| (job.key, job.payload)).collect(),

@@ -7,35 +7,26 @@
 
 use std::time::Duration;
 
-use super::{HostState, MAX_TIMERS_PER_JOB};
+use super::HostState;
 use crate::bindings::pulse::job::env;
 use crate::bindings::pulse::job::host::Host;
 use crate::bindings::pulse::job::types::{self, HostError, LogLevel};
+use crate::bounds::{MAX_TIMER_NAME, MAX_TIMERS_PER_JOB, gated};
 use crate::error::HostRefusal;
-
-/// A log line longer than this is cut: the log is for people.
-const MAX_LOG_LINE: usize = 16 * 1024;
 
 impl types::Host for HostState {}
 
 impl env::Host for HostState {
-    async fn log(&mut self, level: LogLevel, mut message: String) -> wasmtime::Result<()> {
-        if message.len() > MAX_LOG_LINE {
-            let mut end = MAX_LOG_LINE;
-            while !message.is_char_boundary(end) {
-                end -= 1;
-            }
-            message.truncate(end);
-            message.push_str(" […]");
-        }
-        // The current span is the call's: plugin and job key.
-        match level {
+    async fn log(&mut self, level: LogLevel, message: String) -> wasmtime::Result<()> {
+        // The current span is the call's: plugin and job key. Cut and
+        // rate-limited like every line a job makes (`bounds`).
+        gated(&self.log_gate, None, &message, |message| match level {
             LogLevel::Trace => tracing::trace!(target: "pulse_runtime::guest", "{message}"),
             LogLevel::Debug => tracing::debug!(target: "pulse_runtime::guest", "{message}"),
             LogLevel::Info => tracing::info!(target: "pulse_runtime::guest", "{message}"),
             LogLevel::Warn => tracing::warn!(target: "pulse_runtime::guest", "{message}"),
             LogLevel::Error => tracing::error!(target: "pulse_runtime::guest", "{message}"),
-        }
+        });
         Ok(())
     }
 
@@ -53,6 +44,12 @@ impl Host for HostState {
         repeat: bool,
     ) -> wasmtime::Result<Result<(), HostError>> {
         let Some(slot) = self.jobs.get(&key) else { return Ok(Err(HostError::NotOwned)) };
+        if name.len() > MAX_TIMER_NAME {
+            return Ok(Err(HostError::LimitExceeded(format!(
+                "a timer name may have at most {MAX_TIMER_NAME} bytes, not {}",
+                name.len()
+            ))));
+        }
         if repeat && delay_ms == 0 {
             return Ok(Err(HostError::LimitExceeded(
                 "a repeating timer needs delay-ms of at least 1".into(),

@@ -19,12 +19,10 @@ use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use crate::actor::Command;
+use crate::bounds::LogGate;
 use crate::job::Job;
 use crate::limits::Limiter;
 use crate::outputs::JobOutputs;
-
-/// Timers one job may have armed at once.
-pub(crate) const MAX_TIMERS_PER_JOB: usize = 64;
 
 /// What a store holds besides the guest.
 pub(crate) struct HostState {
@@ -42,6 +40,8 @@ pub(crate) struct HostState {
     /// an instance alive that nobody can call any more.
     commands: WeakSender<Command>,
     next_generation: u64,
+    /// What the jobs of this instance may still log.
+    pub(crate) log_gate: Arc<LogGate>,
 }
 
 /// A job running in an instance.
@@ -92,12 +92,13 @@ impl HostState {
         settings: Arc<BTreeMap<String, String>>,
         outputs: Arc<dyn JobOutputs>,
         commands: WeakSender<Command>,
+        log_gate: Arc<LogGate>,
     ) -> Self {
         // No preopened folders, environment, arguments or network: clocks,
         // random numbers and the captured stdio are all a plugin gets.
         let wasi = WasiCtx::builder()
-            .stdout(stdio::LogOutput(stdio::Stdio::Stdout))
-            .stderr(stdio::LogOutput(stdio::Stdio::Stderr))
+            .stdout(stdio::LogOutput(stdio::Stdio::Stdout, log_gate.clone()))
+            .stderr(stdio::LogOutput(stdio::Stdio::Stderr, log_gate.clone()))
             .allow_tcp(false)
             .allow_udp(false)
             .allow_ip_name_lookup(false)
@@ -112,6 +113,7 @@ impl HostState {
             completed: Vec::new(),
             commands,
             next_generation: 0,
+            log_gate,
         }
     }
 

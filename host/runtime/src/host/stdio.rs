@@ -6,9 +6,13 @@
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
+
+use crate::bounds::{LogGate, gated};
 
 /// A line longer than this is logged in pieces: a guest printing without
 /// newlines must not grow the buffer without bound.
@@ -21,9 +25,10 @@ pub(crate) enum Stdio {
     Stderr,
 }
 
-/// A [`StdoutStream`] whose streams log complete lines.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct LogOutput(pub(crate) Stdio);
+/// A [`StdoutStream`] whose streams log complete lines, within the jobs'
+/// log budget.
+#[derive(Clone)]
+pub(crate) struct LogOutput(pub(crate) Stdio, pub(crate) Arc<LogGate>);
 
 impl IsTerminal for LogOutput {
     fn is_terminal(&self) -> bool {
@@ -33,24 +38,24 @@ impl IsTerminal for LogOutput {
 
 impl StdoutStream for LogOutput {
     fn p2_stream(&self) -> Box<dyn OutputStream> {
-        Box::new(LineLog::new(self.0))
+        Box::new(LineLog::new(self.0, self.1.clone()))
     }
 
     fn async_stream(&self) -> Box<dyn tokio::io::AsyncWrite + Send + Sync> {
-        Box::new(LineLog::new(self.0))
+        Box::new(LineLog::new(self.0, self.1.clone()))
     }
 }
 
 /// Buffers bytes until a newline, then logs the line.
-#[derive(Debug)]
 struct LineLog {
     stdio: Stdio,
+    gate: Arc<LogGate>,
     partial: Vec<u8>,
 }
 
 impl LineLog {
-    fn new(stdio: Stdio) -> Self {
-        Self { stdio, partial: Vec::new() }
+    fn new(stdio: Stdio, gate: Arc<LogGate>) -> Self {
+        Self { stdio, gate, partial: Vec::new() }
     }
 
     fn write_bytes(&mut self, mut bytes: &[u8]) {
@@ -72,10 +77,11 @@ impl LineLog {
             return;
         }
         let line = String::from_utf8_lossy(&self.partial);
-        match self.stdio {
+        let stdio = self.stdio;
+        gated(&self.gate, None, &line, |line| match stdio {
             Stdio::Stdout => tracing::info!(target: "pulse_runtime::guest", stream = "stdout", "{line}"),
             Stdio::Stderr => tracing::warn!(target: "pulse_runtime::guest", stream = "stderr", "{line}"),
-        }
+        });
         self.partial.clear();
     }
 }
