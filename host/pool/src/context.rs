@@ -117,10 +117,12 @@ impl JobContext {
                 scripts::EMIT
                     .key(&keys.jobs)
                     .key(&keys.events)
+                    .key(&keys.events_bytes)
                     .arg(&self.key)
                     .arg(&self.token)
                     .arg(payload)
-                    .arg(self.core.options.events_retention),
+                    .arg(self.core.options.events_retention)
+                    .arg(self.core.options.events_max_bytes),
             )
             .await?;
         if id.is_empty() { Err(self.refused().await) } else { Ok(id) }

@@ -17,6 +17,8 @@ pub(crate) struct PoolKeys {
     pub(crate) queued: String,
     /// What plugins emit.
     pub(crate) events: String,
+    /// The payload bytes the events stream holds.
+    pub(crate) events_bytes: String,
     /// The identity of the handler that serves the pool.
     pub(crate) handler: String,
     /// Worker leases: worker -> deadline, ms of Redis time.
@@ -53,6 +55,7 @@ impl PoolKeys {
             joins: key("joins"),
             queued: key("queued"),
             events: pulse_streams::stream_key(pool, "events"),
+            events_bytes: key("events-bytes"),
             handler: key("handler"),
             leases: key("leases"),
             epoch: key("epoch"),

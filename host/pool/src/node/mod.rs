@@ -45,7 +45,13 @@ pub use listing::{JobCounts, NodeInfo, PoolView, WorkerInfo};
 /// - `reply_timeout`: 10 s to wait for a worker's confirmation;
 /// - `max_attempts`: 3 starts of a job whose handler answers `retryable`,
 ///   `retry_backoff` 100 ms before the second, doubled each time;
-/// - `events_retention`: the pool's events stream keeps about 10,000 entries;
+/// - `events_retention`: the pool's events stream keeps about 10,000
+///   entries, and `events_max_bytes` 64 MiB of payloads at most (older
+///   entries are trimmed);
+/// - `shutdown_timeout`: 30 s for the `stop` calls of a worker that leaves
+///   or shuts down (16 at a time); jobs whose stop has not returned by
+///   then are handed on without waiting (their worker's fence falls as it
+///   leaves, so their code reaches nothing);
 /// - `lease_ttl`: 10 s. A worker of a node that cannot renew its lease
 ///   stops running its jobs after `lease_ttl` minus a tenth; its jobs move
 ///   to other workers `lease_ttl` plus a fifth after its last renewal (the
@@ -66,6 +72,11 @@ pub struct NodeOptions {
     pub retry_backoff: Duration,
     /// Entries the pool's events stream keeps.
     pub events_retention: usize,
+    /// Payload bytes the pool's events stream keeps.
+    pub events_max_bytes: u64,
+    /// How long a leaving or shutting-down worker's `stop` calls may take
+    /// in all.
+    pub shutdown_timeout: Duration,
     /// How long a worker's lease lasts without renewal (renewed every
     /// quarter of it).
     pub lease_ttl: Duration,
@@ -81,6 +92,8 @@ impl Default for NodeOptions {
             max_attempts: 3,
             retry_backoff: Duration::from_millis(100),
             events_retention: 10_000,
+            events_max_bytes: 64 << 20,
+            shutdown_timeout: Duration::from_secs(30),
             lease_ttl: Duration::from_secs(10),
         }
     }

@@ -22,9 +22,10 @@
 
 mod reconcile;
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
+use futures_util::StreamExt as _;
 use pulse_streams::{ReaderEvent, ReaderOptions, ReaderSubscription, Start, Stream, StreamOptions, id_after};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
@@ -37,6 +38,13 @@ use crate::keys::PoolKeys;
 use crate::node::{Core, WorkerFence};
 use crate::scripts;
 use crate::wire::{self, InboxEvent, Kind};
+
+/// Stop calls a leaving worker makes at once.
+const STOPS_AT_ONCE: usize = 16;
+
+/// The longest wait before a retried start, whatever the backoff doubles
+/// to.
+const MAX_RETRY_WAIT: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// Replies kept in a node's reply stream (approximately): answers older than
 /// that have no waiter any more.
@@ -142,9 +150,40 @@ pub(crate) async fn spawn<H: JobHandler>(
         unsettled: true,
         orphans: None,
     };
+    let on_panic =
+        PanicFence { core: worker.core.clone(), id: worker.id.clone(), fence: worker.fence.clone() };
     // Owned by the handle: awaited by `leave`, and it ends with its inbox.
-    let task = tokio::spawn(worker.run(reader, inbox, slot_changes, control_rx, ended_rx).instrument(span));
+    let task = tokio::spawn(
+        async move {
+            let _on_panic = on_panic;
+            worker.run(reader, inbox, slot_changes, control_rx, ended_rx).await;
+        }
+        .instrument(span),
+    );
     Ok(WorkerHandle { control: control_tx, task: Some(task) })
+}
+
+/// Fences a worker whose task panicked (a handler's panic unwinds it): no
+/// code of its jobs runs any more, and its lease is no longer renewed, so
+/// once it ends the janitors hand its jobs to other workers. Without it
+/// the node would go on renewing a lease for jobs nobody runs.
+struct PanicFence {
+    core: Arc<Core>,
+    id: String,
+    fence: WorkerFence,
+}
+
+impl Drop for PanicFence {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.fence.fence();
+            self.core.lease.remove_member(&self.id);
+            tracing::error!(
+                worker = %self.id,
+                "the worker's task panicked: it is fenced and its lease is no longer renewed; its jobs move to other workers when the lease ends"
+            );
+        }
+    }
 }
 
 /// Reads a worker's inbox from its oldest entry.
@@ -348,14 +387,16 @@ impl<H: JobHandler> Worker<H> {
                 done
             }
             Control::ShutDown(done) => {
-                for (key, running) in std::mem::take(&mut self.running) {
-                    if self.may_call() {
-                        if let Err(error) = self.handler.stop(&key).await {
-                            tracing::warn!(job.key = %key, error = %error, "handler failed to stop a job at shutdown");
-                        }
-                    } else {
-                        self.handler.abandon(&key).await;
+                let running = std::mem::take(&mut self.running);
+                let keys: Vec<String> = running.keys().cloned().collect();
+                if self.may_call() {
+                    self.stop_all(&keys, "at shutdown").await;
+                } else {
+                    for key in &keys {
+                        self.handler.abandon(key).await;
                     }
+                }
+                for (key, running) in running {
                     self.finish(&key, &running.token).await;
                 }
                 for (key, retrying) in std::mem::take(&mut self.retrying) {
@@ -627,8 +668,12 @@ impl<H: JobHandler> Worker<H> {
                 self.answer_waiting(waiting, "missing").await;
             }
             Err(HandlerError::Retryable(message)) if job.attempt < self.core.options.max_attempts => {
-                let wait =
-                    self.core.options.retry_backoff * 2u32.saturating_pow(job.attempt.saturating_sub(1));
+                let wait = self
+                    .core
+                    .options
+                    .retry_backoff
+                    .saturating_mul(2u32.saturating_pow(job.attempt.saturating_sub(1)))
+                    .min(MAX_RETRY_WAIT);
                 tracing::info!(job.key = %job.key, attempt = job.attempt, error = %message, ?wait, "start failed; retrying");
                 self.retry_at.insert((Instant::now() + wait, job.key.clone()), ());
                 self.retrying.insert(job.key.clone(), Retrying { event, job, waiting });
@@ -802,25 +847,60 @@ impl<H: JobHandler> Worker<H> {
         // Process what was sent before the marks, in order: the handler
         // sees every event sent to the job before it stops here.
         self.drain_to(&mark, inbox, ended).await;
-        let mut handed = Vec::new();
-        for (key, token) in marked {
-            // Still ours (not stopped, completed or failed meanwhile)?
-            if self.running.get(&key).is_none_or(|r| r.token != token) {
-                continue;
-            }
-            if !self.may_call() {
-                // Lost meanwhile: the job stays the worker's in Redis, and
-                // goes back to the pool when the worker evicts itself.
-                break;
-            }
-            self.running.remove(&key);
-            if let Err(error) = self.handler.stop(&key).await {
-                tracing::warn!(job.key = %key, error = %error, "handler failed to stop a job it hands back");
-            }
-            self.requeue(&key, &token).await;
-            handed.push(key);
+        // Still ours (not stopped, completed or failed meanwhile)?
+        marked.retain(|key, token| self.running.get(key).is_some_and(|r| r.token == *token));
+        if !self.may_call() {
+            // Lost meanwhile: the jobs stay the worker's in Redis, and go
+            // back to the pool when the worker evicts itself.
+            return Vec::new();
         }
-        handed
+        let keys: Vec<String> = marked.keys().cloned().collect();
+        for key in &keys {
+            self.running.remove(key);
+        }
+        self.stop_all(&keys, "it hands back").await;
+        for (key, token) in &marked {
+            self.requeue(key, token).await;
+        }
+        keys
+    }
+
+    /// Calls `stop` for `keys`, [`STOPS_AT_ONCE`] at a time, all within
+    /// `shutdown_timeout`: a plugin slow to stop (or looping in `stop`)
+    /// delays a leave or a shutdown by that much at most. Jobs whose stop
+    /// has not returned by then are abandoned; their worker is leaving, and
+    /// its fence falls with it, so their code reaches nothing any more.
+    async fn stop_all(&self, keys: &[String], why: &str) {
+        if keys.is_empty() {
+            return;
+        }
+        let handler = &self.handler;
+        let mut pending: HashSet<&str> = keys.iter().map(String::as_str).collect();
+        // Made up front (none runs before it is polled), so that each
+        // borrows for one known lifetime.
+        let calls: Vec<_> =
+            keys.iter().map(|key| async move { (key.as_str(), handler.stop(key).await) }).collect();
+        let stops = futures_util::stream::iter(calls).buffer_unordered(STOPS_AT_ONCE);
+        let collect = async {
+            futures_util::pin_mut!(stops);
+            while let Some((key, result)) = stops.next().await {
+                pending.remove(key);
+                if let Err(error) = result {
+                    tracing::warn!(job.key = %key, error = %error, "handler failed to stop a job {why}");
+                }
+            }
+        };
+        let timeout = self.core.options.shutdown_timeout;
+        if tokio::time::timeout(timeout, collect).await.is_err() {
+            tracing::warn!(
+                jobs = pending.len(),
+                ?timeout,
+                "stop calls did not return within node.shutdown_timeout; those jobs go on without waiting for them"
+            );
+            for key in pending {
+                handler.abandon(key).await;
+            }
+        }
     }
 
     /// Processes every entry of the inbox up to the last one there now.

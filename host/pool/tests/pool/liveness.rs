@@ -250,3 +250,55 @@ async fn a_job_is_listed_starting_until_its_handler_s_start_returned() {
     assert_eq!(node.status("slow").await.unwrap().unwrap().state, pulse_pool::JobState::Running);
     finish(&pool, &[&node]).await;
 }
+
+/// Panics in `start`: a handler with a bug.
+#[derive(Clone)]
+struct Panicking;
+
+impl JobHandler for Panicking {
+    async fn start(&self, job: Job, _ctx: JobContext) -> Result<(), HandlerError> {
+        panic!("a handler bug while starting {}", job.key);
+    }
+
+    async fn stop(&self, _key: &str) -> Result<(), HandlerError> {
+        Ok(())
+    }
+
+    async fn notify(&self, _key: &str, _payload: Vec<u8>, _seq: u64) -> Result<(), HandlerError> {
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_whose_handler_panics_stops_holding_its_jobs_and_they_run_elsewhere() {
+    let pool = unique("panicking");
+    let fast = pulse_pool::NodeOptions { lease_ttl: Duration::from_millis(800), ..options() };
+    let buggy = Node::join(&crate::client(), &pool, fast.clone()).await.unwrap();
+    buggy.add_worker(Panicking).await.unwrap();
+    let calls = Calls::default();
+    let sound = Node::join(&crate::client(), &pool, fast.clone()).await.unwrap();
+    sound.add_worker(Recording::new(&calls)).await.unwrap();
+    let dispatcher = Node::client(
+        &crate::client(),
+        &pool,
+        pulse_pool::NodeOptions { reply_timeout: Duration::from_millis(200), ..fast },
+    )
+    .await
+    .unwrap();
+    // About half route to the buggy worker: its task panics at the first,
+    // and is never answered.
+    let keys: Vec<String> = (0..10).map(|i| format!("job-{i}")).collect();
+    for key in &keys {
+        dispatcher.dispatch(key, b"").await.unwrap();
+    }
+    // Its node renews its lease no longer: the worker is evicted and every
+    // job starts on the sound worker.
+    calls
+        .wait_until("every job started on the sound worker", |calls| {
+            keys.iter().all(|key| calls.iter().any(|c| matches!(c, Call::Start { key: k, .. } if k == key)))
+        })
+        .await;
+    dispatcher.close().await;
+    buggy.close().await;
+    finish(&pool, &[&sound]).await;
+}
