@@ -18,6 +18,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
+use pulse_config::Secret;
 use pulse_host::run;
 
 use crate::client::exit;
@@ -32,8 +33,9 @@ struct Cli {
     config: PathBuf,
     /// The Redis to use, instead of the config's `redis.url` or the private
     /// server of the config's data directory.
-    #[arg(long, global = true, env = "PULSE_REDIS_URL")]
-    redis: Option<String>,
+    /// A password in it is never printed.
+    #[arg(long, global = true, env = "PULSE_REDIS_URL", hide_env_values = true)]
+    redis: Option<Secret>,
     /// Log format on stderr (level from RUST_LOG; default info for `run`
     /// and `check`, warn for the client commands).
     #[arg(long, global = true, value_enum, default_value = "human")]
@@ -183,6 +185,8 @@ fn init_logs(format: LogFormat, default_level: &str) {
 }
 
 async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
+    // The cryptography of `rediss://`; an error means one is installed.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let config = pulse_config::load(&cli.config)?;
     if let Command::Check = cli.command {
         run::load(&config)?;
@@ -200,9 +204,8 @@ async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
             Some(_) => None,
             None => Some(embedded::Embedded::start(&config.redis.data_dir).await?),
         };
-        let url = url.or_else(|| embedded.as_ref().map(|e| e.url().to_owned())).context("no Redis")?;
-        let client =
-            redis::Client::open(url.as_str()).with_context(|| format!("invalid Redis URL {url:?}"))?;
+        let url = url.or_else(|| embedded.as_ref().map(|e| Secret::new(e.url()))).context("no Redis")?;
+        let client = open_redis(&url, &config.redis)?;
         let result = run::run(&config, &client).await;
         if let Some(embedded) = embedded {
             embedded.stop().await;
@@ -218,11 +221,39 @@ async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
                 "no Redis: nothing answers at {} (start `pulse-host run` with this config, or give --redis)",
                 embedded::socket(&config.redis.data_dir).display()
             );
-            url
+            Secret::new(url)
         }
     };
-    let client = redis::Client::open(url.as_str()).with_context(|| format!("invalid Redis URL {url:?}"))?;
+    let client = open_redis(&url, &config.redis)?;
     client_command(cli.command, &client, run::node_options(&config)).await
+}
+
+/// The Redis client of `url` (TLS with the config's certificates for
+/// `rediss://`); an error names the URL without its password.
+fn open_redis(url: &Secret, config: &pulse_config::RedisConfig) -> anyhow::Result<redis::Client> {
+    let shown = pulse_config::redact_url(url.expose());
+    let invalid = |error: redis::RedisError| {
+        anyhow::anyhow!(
+            "invalid Redis URL {shown:?}: {error} (allowed: redis://[user:password@]host[:port][/db], \
+             rediss://… for TLS, redis+unix:///path/to/socket)"
+        )
+    };
+    if !url.expose().starts_with("rediss://") || (config.tls_ca_file.is_none() && config.tls_client.is_none())
+    {
+        return redis::Client::open(url.expose()).map_err(invalid);
+    }
+    let read = |path: &std::path::Path| {
+        std::fs::read(path).with_context(|| format!("failed to read {} (redis TLS settings)", path.display()))
+    };
+    let root_cert = config.tls_ca_file.as_deref().map(read).transpose()?;
+    let client_tls = match &config.tls_client {
+        Some((cert, key)) => {
+            Some(redis::ClientTlsConfig { client_cert: read(cert)?, client_key: read(key)? })
+        }
+        None => None,
+    };
+    redis::Client::build_with_tls(url.expose(), redis::TlsCertificates { client_tls, root_cert })
+        .map_err(invalid)
 }
 
 async fn client_command(

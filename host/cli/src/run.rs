@@ -58,7 +58,12 @@ pub fn load(config: &Config) -> anyhow::Result<Loaded> {
 }
 
 fn limits(limits: &pulse_config::Limits) -> Limits {
-    Limits { memory: limits.memory, call_timeout: limits.call_timeout, fuel: limits.fuel }
+    Limits {
+        memory: limits.memory,
+        call_timeout: limits.call_timeout,
+        fuel: limits.fuel,
+        instances: Some(limits.instances),
+    }
 }
 
 /// A plugin's name and the SHA-256 of its file, as recorded with its pool.
@@ -79,6 +84,8 @@ pub fn node_options(config: &Config) -> NodeOptions {
         retry_backoff: config.node.retry_backoff,
         events_retention: usize::try_from(config.node.events_retention).unwrap_or(usize::MAX),
         lease_ttl: config.node.lease_ttl,
+        events_max_bytes: config.node.events_max_bytes,
+        shutdown_timeout: config.node.shutdown_timeout,
         ..NodeOptions::default()
     }
 }
@@ -97,6 +104,18 @@ pub async fn run(config: &Config, client: &redis::Client) -> anyhow::Result<()> 
     result
 }
 
+/// The HTTP token: PULSE_HTTP_TOKEN when set (so it need not be in a
+/// file), else `http.token` or the content of `http.token_file`.
+fn http_token(config: &pulse_config::HttpConfig) -> anyhow::Result<Option<pulse_config::Secret>> {
+    match std::env::var("PULSE_HTTP_TOKEN") {
+        Ok(token) => match pulse_config::check_token(&token) {
+            Ok(()) => Ok(Some(pulse_config::Secret::new(token))),
+            Err(allowed) => anyhow::bail!("PULSE_HTTP_TOKEN {allowed}"),
+        },
+        Err(_) => Ok(config.token.clone()),
+    }
+}
+
 /// The HTTP API, served by a task of its own.
 struct Http {
     api: pulse_http::Api,
@@ -111,16 +130,26 @@ impl Http {
             .await
             .with_context(|| format!("failed to listen on {} (http.listen)", config.listen))?;
         let address = listener.local_addr().context("failed to read the HTTP address")?;
-        if !address.ip().is_loopback() && config.token.is_none() {
+        let token = http_token(config)?;
+        if !address.ip().is_loopback() && token.is_none() {
             tracing::warn!(%address, "the HTTP API listens beyond this machine without http.token: anyone who reaches it can dispatch and stop jobs");
         }
         let api = pulse_http::Api::new(pulse_http::ApiOptions {
-            token: config.token.clone(),
+            token: token.map(|token| token.expose().to_owned()),
             max_body: usize::try_from(config.max_body).unwrap_or(usize::MAX),
             metrics: Some(metrics),
+            hosts: pulse_http::AllowedHosts {
+                loopback: address.ip().is_loopback(),
+                names: config.allowed_hosts.clone(),
+            },
         });
         let shutdown = tokio_util::sync::CancellationToken::new();
-        let task = tokio::spawn(pulse_http::serve(listener, api.clone(), shutdown.clone()));
+        let serving = pulse_http::ServeOptions {
+            header_timeout: config.header_timeout,
+            idle_timeout: config.idle_timeout,
+            max_connections: config.max_connections as usize,
+        };
+        let task = tokio::spawn(pulse_http::serve(listener, api.clone(), shutdown.clone(), serving));
         tracing::info!(%address, "serving the HTTP API, metrics and status page on http://{address}/");
         Ok(Self { api, shutdown, task })
     }

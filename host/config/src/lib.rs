@@ -11,7 +11,10 @@
 #![warn(missing_docs)]
 
 mod raw;
+mod secret;
 pub mod units;
+
+pub use secret::{Secret, redact_url};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -43,21 +46,41 @@ pub struct HttpConfig {
     /// `listen`: the address to serve on (default `127.0.0.1:7070`; a port
     /// alone means loopback).
     pub listen: std::net::SocketAddr,
-    /// `token`: when set, every request but `/healthz` and `/readyz` needs
-    /// `Authorization: Bearer <token>`.
-    pub token: Option<String>,
+    /// `token` or `token_file` (PULSE_HTTP_TOKEN overrides both, read by
+    /// the binary): when set, every request but `/healthz` and `/readyz`
+    /// needs `Authorization: Bearer <token>`.
+    pub token: Option<Secret>,
     /// `max_body`: the largest request body accepted, bytes.
     pub max_body: u64,
+    /// `allowed_hosts`: the names a request's `Host` header may give
+    /// besides the listen address (and `localhost` on loopback).
+    pub allowed_hosts: Vec<String>,
+    /// `header_timeout`: how long a client may take to send a request's
+    /// headers.
+    pub header_timeout: Duration,
+    /// `idle_timeout`: how long a connection may stay open without a
+    /// request.
+    pub idle_timeout: Duration,
+    /// `max_connections`: connections served at once; more wait in the
+    /// kernel's backlog.
+    pub max_connections: u32,
 }
 
 /// `[redis]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RedisConfig {
-    /// `url`; none: the host runs a private `redis-server`.
-    pub url: Option<String>,
+    /// `url`; none: the host runs a private `redis-server`. It may hold a
+    /// password: printed only through [`redact_url`].
+    pub url: Option<Secret>,
     /// `data_dir`: where the private `redis-server` keeps its socket and
     /// append-only file (default: `.pulse-host` beside the config file).
     pub data_dir: PathBuf,
+    /// `tls_ca_file`: the certificate authorities (PEM) a `rediss://`
+    /// server's certificate must come from; none: the system's.
+    pub tls_ca_file: Option<PathBuf>,
+    /// `tls_cert_file` and `tls_key_file`: this host's certificate and key
+    /// (PEM), for servers that ask clients for one.
+    pub tls_client: Option<(PathBuf, PathBuf)>,
 }
 
 /// `[node]`.
@@ -75,8 +98,13 @@ pub struct NodeConfig {
     pub retry_backoff: Duration,
     /// `events_retention`: entries of each pool's events stream.
     pub events_retention: u64,
+    /// `events_max_bytes`: payload bytes each pool's events stream keeps.
+    pub events_max_bytes: u64,
     /// `lease_ttl`: how long a worker's lease lasts without renewal.
     pub lease_ttl: Duration,
+    /// `shutdown_timeout`: how long the jobs' `stop` calls may take in all
+    /// when a host leaves or a pool shuts down.
+    pub shutdown_timeout: Duration,
 }
 
 /// `[runtime]`.
@@ -148,6 +176,9 @@ pub struct Limits {
     pub call_timeout: Duration,
     /// `fuel`.
     pub fuel: Option<u64>,
+    /// `instances`: the instances of this plugin live at once on this
+    /// host, at most (its share of `runtime.max_instances`).
+    pub instances: u32,
 }
 
 /// A configuration that could not be loaded: every problem, each with its
@@ -214,6 +245,19 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
             config
         })
         .map_err(fail)
+}
+
+/// Whether `token` may serve as the HTTP API's token; the error says
+/// what is allowed ("must be …").
+///
+/// # Errors
+/// What a token must be.
+pub fn check_token(token: &str) -> Result<(), &'static str> {
+    if token.len() >= 16 && token.len() <= 4096 && token.bytes().all(|b| b.is_ascii_graphic()) {
+        Ok(())
+    } else {
+        Err("must be 16 to 4,096 printable ASCII characters, without spaces")
+    }
 }
 
 /// The line (from 1) of byte `offset` of `text`.

@@ -33,6 +33,29 @@ pub fn size(text: &str) -> Option<u64> {
     number.checked_mul(factor)
 }
 
+/// `duration` written as config.toml takes it, in its largest exact unit.
+pub fn show_duration(duration: Duration) -> String {
+    let ms = duration.as_millis();
+    match ms {
+        0 => "0ms".into(),
+        _ if ms.is_multiple_of(3_600_000) => format!("{}h", ms / 3_600_000),
+        _ if ms.is_multiple_of(60_000) => format!("{}m", ms / 60_000),
+        _ if ms.is_multiple_of(1000) => format!("{}s", ms / 1000),
+        _ => format!("{ms}ms"),
+    }
+}
+
+/// `bytes` written as config.toml takes it, in its largest exact unit.
+pub fn show_size(bytes: u64) -> String {
+    match bytes {
+        0 => "0B".into(),
+        _ if bytes.is_multiple_of(1 << 30) => format!("{}GiB", bytes >> 30),
+        _ if bytes.is_multiple_of(1 << 20) => format!("{}MiB", bytes >> 20),
+        _ if bytes.is_multiple_of(1 << 10) => format!("{}KiB", bytes >> 10),
+        _ => format!("{bytes}B"),
+    }
+}
+
 fn split(text: &str) -> Option<(u64, &str)> {
     let text = text.trim();
     let digits = text.find(|c: char| !c.is_ascii_digit())?;

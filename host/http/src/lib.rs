@@ -11,8 +11,10 @@
 //! - `jobs`, `pools`: the JSON routes. `body`: request types and
 //!   extractors. `error`: the error answers.
 //! - `views`: jobs in JSON, shared with the CLI.
-//! - `auth`: the optional bearer token. `metrics`: `/metrics` and the
-//!   process's recorder. `page`: the status page.
+//! - `auth`: the optional bearer token. `guard`: the `Host`, `Origin` and
+//!   content type a request must have; JSON for every error. `serve`:
+//!   connections, with their timeouts and limit. `metrics`: `/metrics`
+//!   and the process's recorder. `page`: the status page.
 //!
 //! The API is a client of the pools like the CLI: it holds each pool's
 //! [`pulse_pool::Node`] and asks it; it keeps no state of its own beyond
@@ -21,11 +23,16 @@
 mod auth;
 mod body;
 mod error;
+mod guard;
 mod jobs;
 pub mod metrics;
 mod page;
 mod pools;
+mod serve;
 pub mod views;
+
+pub use guard::AllowedHosts;
+pub use serve::{ServeOptions, serve};
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -39,7 +46,6 @@ use axum::routing::{MethodRouter, delete, get, post};
 use metrics_exporter_prometheus::PrometheusHandle;
 use pulse_pool::Node;
 use serde_json::json;
-use tokio_util::sync::CancellationToken;
 
 use crate::error::ApiError;
 
@@ -53,6 +59,8 @@ pub struct ApiOptions {
     pub max_body: usize,
     /// The recorder `/metrics` renders ([`metrics::install`]); none: 404.
     pub metrics: Option<PrometheusHandle>,
+    /// The names a request's `Host` (and a browser's `Origin`) may give.
+    pub hosts: AllowedHosts,
 }
 
 /// What the handlers share: the pools this host serves, readiness, the
@@ -69,6 +77,7 @@ struct Inner {
     token: Option<String>,
     max_body: usize,
     metrics: Option<PrometheusHandle>,
+    hosts: AllowedHosts,
 }
 
 /// A pool the API answers for.
@@ -95,6 +104,7 @@ impl Api {
                 token: options.token,
                 max_body: options.max_body.max(1),
                 metrics: options.metrics,
+                hosts: options.hosts,
             }),
         }
     }
@@ -195,8 +205,9 @@ pub fn routes() -> Vec<Route> {
     ]
 }
 
-/// The router of [`routes`], with the token check, the body limit and a
-/// JSON 404 for everything else.
+/// The router of [`routes`], with the token check, the body limit, the
+/// request checks of `guard`, JSON errors and a JSON 404 for everything
+/// else.
 pub fn router(api: Api) -> Router {
     let mut router = Router::new();
     for Route { path, open, handler, .. } in routes() {
@@ -207,20 +218,12 @@ pub fn router(api: Api) -> Router {
         };
         router = router.route(path, handler);
     }
-    router.fallback(no_such_route).layer(DefaultBodyLimit::max(api.inner.max_body)).with_state(api)
-}
-
-/// Serves `router(api)` on `listener` until `shutdown` is cancelled; then
-/// lets requests in flight finish.
-///
-/// # Errors
-/// When the listener fails.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    api: Api,
-    shutdown: CancellationToken,
-) -> std::io::Result<()> {
-    axum::serve(listener, router(api)).with_graceful_shutdown(shutdown.cancelled_owned()).await
+    router
+        .fallback(no_such_route)
+        .layer(DefaultBodyLimit::max(api.inner.max_body))
+        .layer(axum::middleware::from_fn_with_state(api.clone(), guard::check))
+        .layer(axum::middleware::from_fn(guard::json_errors))
+        .with_state(api)
 }
 
 async fn healthz() -> Response {
