@@ -18,13 +18,15 @@ pub const SPIN: &str = "spin";
 pub const HOG: &str = "hog";
 /// `slow`: sleeps for as many milliseconds as its payload says.
 pub const SLOW: &str = "slow";
+/// `hostile`: misbehaves against each of the host's bounds on demand.
+pub const HOSTILE: &str = "hostile";
 /// `wrong-world`: a component that does not implement `job-handler`.
 pub const WRONG_WORLD: &str = "wrong_world";
 /// A job producer keeping one job per entry of its `jobs` setting.
 pub const KEEPER: &str = "keeper";
 
 /// Every plugin the build produces.
-pub const ALL: &[&str] = &[ECHO, COUNTER, TRAP, SPIN, HOG, SLOW, WRONG_WORLD, KEEPER];
+pub const ALL: &[&str] = &[ECHO, COUNTER, TRAP, SPIN, HOG, SLOW, HOSTILE, WRONG_WORLD, KEEPER];
 
 /// Where the built plugins are: `PULSE_PLUGIN_DIR` when set, otherwise
 /// `plugins/target/wasm32-wasip2/release` of this repository.

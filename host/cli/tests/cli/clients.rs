@@ -99,7 +99,9 @@ fn dispatch_from_file_prints_outcomes_as_they_come_and_names_the_unknown_ones_wh
     let not_sent: Vec<&str> = stderr.lines().filter_map(|l| l.strip_prefix("not sent: ")).collect();
     assert!(stderr.contains("is unknown"), "{stderr}");
     assert!(!unknown.is_empty(), "the jobs in flight when Redis died are named: {stderr}");
-    assert!(answered.len() > 1 && answered.len() + unknown.len() < JOBS, "{} answered", answered.len());
+    // Redis died in the middle: some jobs were never sent. (How many were
+    // answered before depends on the machine's speed.)
+    assert!(answered.len() + unknown.len() < JOBS, "{} answered", answered.len());
     let mut all: Vec<&str> = answered.iter().chain(&unknown).chain(&not_sent).copied().collect();
     all.sort_unstable();
     all.dedup();

@@ -1,16 +1,21 @@
 //! The `pulse-host` binary, as users run it: real processes, real Redis,
 //! real plugins.
 //!
+//! - `bounds`: a hostile plugin against the host's limits.
 //! - `check`: configurations and plugins refused with precise messages.
 //! - `clients`: client commands: events in full, read-only listings.
+//! - `exposure`: HTTP clients that are slow, idle, too many or foreign;
+//!   the token; Redis over TLS with an ACL user; no secret printed.
 //! - `hosting`: a host runs plugins as workers; the CLI drives their jobs.
 //! - `schedules`: a host runs a producer plugin's schedule.
 //! - `http`: the HTTP API, metrics and health of a running host.
 //! - `status_page`: the status page in headless Chromium.
 #![allow(clippy::unwrap_used, reason = "tests and their helpers: a panic is the failure report")]
 
+mod bounds;
 mod check;
 mod clients;
+mod exposure;
 mod hosting;
 mod http;
 mod schedules;
@@ -51,6 +56,21 @@ pub fn cli(config: &Path, redis: Option<&str>, args: &[&str]) -> (i32, String) {
     }
     let output = command.args(args).output().unwrap();
     (output.status.code().unwrap_or(-1), String::from_utf8_lossy(&output.stdout).trim().to_owned())
+}
+
+/// Runs a client command against `redis`; returns its exit code, standard
+/// output and standard error.
+pub fn cli_all(config: &Path, redis: &str, args: &[&str]) -> (i32, String, String) {
+    let output = Command::new(binary())
+        .arg("--config")
+        .arg(config)
+        .args(["--redis", redis])
+        .env_remove("PULSE_REDIS_URL")
+        .args(args)
+        .output()
+        .unwrap();
+    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    (output.status.code().unwrap_or(-1), text(&output.stdout), text(&output.stderr))
 }
 
 /// A `pulse-host run` process, terminated when dropped.
