@@ -10,6 +10,15 @@ use axum::response::{IntoResponse, Response};
 use crate::Api;
 use crate::error::ApiError;
 
+/// The token a request must carry; `Debug` leaves it out.
+pub(crate) struct Token(pub(crate) String);
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("[redacted]")
+    }
+}
+
 pub(crate) async fn require_token(State(api): State<Api>, request: Request, next: Next) -> Response {
     let Some(expected) = &api.inner.token else {
         return next.run(request).await;
@@ -22,7 +31,7 @@ pub(crate) async fn require_token(State(api): State<Api>, request: Request, next
         },
     );
     match given {
-        Some(given) if same(given.trim().as_bytes(), expected.as_bytes()) => next.run(request).await,
+        Some(given) if same(given.trim().as_bytes(), expected.0.as_bytes()) => next.run(request).await,
         Some(_) => {
             ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "the bearer token is not this host's")
                 .into_response()

@@ -49,8 +49,8 @@ use serde_json::json;
 
 use crate::error::ApiError;
 
-/// How the API is set up.
-#[derive(Debug, Clone, Default)]
+/// How the API is set up. Its `Debug` output leaves the token out.
+#[derive(Clone, Default)]
 pub struct ApiOptions {
     /// When set, every route but `/healthz` and `/readyz` needs
     /// `Authorization: Bearer <token>`.
@@ -61,6 +61,16 @@ pub struct ApiOptions {
     pub metrics: Option<PrometheusHandle>,
     /// The names a request's `Host` (and a browser's `Origin`) may give.
     pub hosts: AllowedHosts,
+}
+
+impl std::fmt::Debug for ApiOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiOptions")
+            .field("token", &self.token.as_ref().map(|_| "[redacted]"))
+            .field("max_body", &self.max_body)
+            .field("hosts", &self.hosts)
+            .finish_non_exhaustive()
+    }
 }
 
 /// What the handlers share: the pools this host serves, readiness, the
@@ -74,7 +84,7 @@ pub struct Api {
 struct Inner {
     pools: RwLock<BTreeMap<String, Pool>>,
     phase: AtomicU8,
-    token: Option<String>,
+    token: Option<auth::Token>,
     max_body: usize,
     metrics: Option<PrometheusHandle>,
     hosts: AllowedHosts,
@@ -101,7 +111,7 @@ impl Api {
             inner: Arc::new(Inner {
                 pools: RwLock::new(BTreeMap::new()),
                 phase: AtomicU8::new(STARTING),
-                token: options.token,
+                token: options.token.map(auth::Token),
                 max_body: options.max_body.max(1),
                 metrics: options.metrics,
                 hosts: options.hosts,
