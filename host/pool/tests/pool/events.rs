@@ -144,3 +144,82 @@ async fn a_start_delivered_twice_under_the_same_token_starts_the_job_once() {
     assert_eq!(calls.of("d").iter().filter(|c| matches!(c, Call::Start { .. })).count(), 1);
     finish(&pool, &[&node]).await;
 }
+
+/// Emits on `notify`: the payload says how many events of how many bytes
+/// (`count x size`).
+#[derive(Clone, Default)]
+struct Emitter {
+    contexts: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, pulse_pool::JobContext>>>,
+}
+
+impl pulse_pool::JobHandler for Emitter {
+    async fn start(
+        &self,
+        job: pulse_pool::Job,
+        ctx: pulse_pool::JobContext,
+    ) -> Result<(), pulse_pool::HandlerError> {
+        self.contexts.lock().unwrap().insert(job.key, ctx);
+        Ok(())
+    }
+
+    async fn stop(&self, key: &str) -> Result<(), pulse_pool::HandlerError> {
+        self.contexts.lock().unwrap().remove(key);
+        Ok(())
+    }
+
+    async fn notify(&self, key: &str, payload: Vec<u8>, _seq: u64) -> Result<(), pulse_pool::HandlerError> {
+        let ctx = self.contexts.lock().unwrap().get(key).cloned().unwrap();
+        let text = String::from_utf8(payload).unwrap();
+        let (count, size) = text.split_once('x').unwrap();
+        let event = vec![b'e'; size.parse().unwrap()];
+        for _ in 0..count.parse::<usize>().unwrap() {
+            ctx.emit(&event).await.unwrap();
+        }
+        Ok(())
+    }
+}
+
+/// Entries of the pool's events stream, and the bytes of their payloads.
+async fn events_held(pool: &str) -> (usize, usize, usize) {
+    let mut conn = pulse_testkit::connect(pulse_testkit::shared_redis_url()).await;
+    let entries: Vec<(String, Vec<(String, Vec<u8>)>)> = redis::cmd("XRANGE")
+        .arg(format!("pulse:{{{pool}}}:stream:events"))
+        .arg("-")
+        .arg("+")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let bytes = entries
+        .iter()
+        .flat_map(|(_, fields)| fields.iter().filter(|(f, _)| f == "p"))
+        .map(|(_, p)| p.len())
+        .sum();
+    let counted: usize =
+        redis::cmd("GET").arg(format!("pulse:{{{pool}}}:events-bytes")).query_async(&mut conn).await.unwrap();
+    (entries.len(), bytes, counted)
+}
+
+#[tokio::test]
+async fn the_events_stream_keeps_its_retention_in_entries_and_in_bytes() {
+    let pool = unique("events_bounds");
+    let options =
+        pulse_pool::NodeOptions { events_retention: 100, events_max_bytes: 64 << 10, ..crate::options() };
+    let node = pulse_pool::Node::join(&crate::client(), &pool, options).await.unwrap();
+    node.add_worker(Emitter::default()).await.unwrap();
+    node.dispatch("e", b"").await.unwrap();
+
+    // Many small events: about the retention in entries.
+    assert_eq!(node.notify("e", b"500x100").await.unwrap(), EventOutcome::Done);
+    let (entries, bytes, counted) = events_held(&pool).await;
+    assert!((100..=164).contains(&entries), "{entries} entries for a retention of 100");
+    assert_eq!((bytes, counted), (entries * 100, bytes), "the byte count is the payloads'");
+    // Large events: never more than events_max_bytes of payloads.
+    assert_eq!(node.notify("e", b"40x16000").await.unwrap(), EventOutcome::Done);
+    let (entries, bytes, counted) = events_held(&pool).await;
+    assert!(bytes <= 64 << 10 && entries >= 3, "{entries} entries of {bytes} bytes for a limit of 64 KiB");
+    assert_eq!(counted, bytes);
+    // One event larger than what is left: the stream holds it alone.
+    assert_eq!(node.notify("e", b"1x65536").await.unwrap(), EventOutcome::Done);
+    assert_eq!(events_held(&pool).await, (1, 65536, 65536));
+    finish(&pool, &[&node]).await;
+}
