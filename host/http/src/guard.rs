@@ -37,7 +37,7 @@ impl AllowedHosts {
         if host.parse::<std::net::IpAddr>().is_ok() {
             return true;
         }
-        (self.loopback && host == "localhost") || self.names.contains(&host)
+        (self.loopback && host == "localhost") || self.names.iter().any(|name| host_of(name) == host)
     }
 }
 
@@ -167,7 +167,8 @@ mod tests {
 
     #[test]
     fn hosts_are_ip_addresses_localhost_on_loopback_or_listed_names() {
-        let hosts = AllowedHosts { loopback: true, names: vec!["pulse.example.com".into()] };
+        let names = vec!["pulse.example.com".into(), "proxy.example:8080".into()];
+        let hosts = AllowedHosts { loopback: true, names };
         for ok in [
             "127.0.0.1:7070",
             "localhost:7070",
@@ -175,6 +176,7 @@ mod tests {
             "[::1]:7070",
             "10.0.0.5",
             "pulse.example.com:80",
+            "proxy.example",
         ] {
             assert!(hosts.allows(ok), "{ok}");
         }

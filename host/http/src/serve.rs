@@ -71,7 +71,7 @@ pub async fn serve(
         let shutdown = shutdown.clone();
         connections.spawn(async move {
             let _slot = slot;
-            let (io, last) = Watched::new(stream);
+            let (io, activity) = Watched::new(stream);
             let mut builder = hyper::server::conn::http1::Builder::new();
             builder.timer(TokioTimer::new()).header_read_timeout(options.header_timeout);
             let connection = builder.serve_connection(TokioIo::new(io), service);
@@ -80,7 +80,7 @@ pub async fn serve(
             loop {
                 tokio::select! {
                     _ = connection.as_mut() => break,
-                    () = idle(&last, options.idle_timeout), if !closing => {
+                    () = activity.idle(options.idle_timeout), if !closing => {
                         closing = true;
                         connection.as_mut().graceful_shutdown();
                     }
@@ -97,35 +97,45 @@ pub async fn serve(
     Ok(())
 }
 
-/// Resolves once nothing moved on the connection for `timeout`.
-async fn idle(last: &AtomicU64, timeout: Duration) {
-    let started = tokio::time::Instant::now();
-    loop {
-        let quiet_since = started + Duration::from_millis(last.load(Ordering::Relaxed));
-        let due = quiet_since + timeout;
-        if tokio::time::Instant::now() >= due {
-            return;
-        }
-        tokio::time::sleep_until(due).await;
-    }
-}
-
-/// A stream that notes when a byte last moved (ms since it was made).
-struct Watched {
-    stream: tokio::net::TcpStream,
-    born: std::time::Instant,
+/// When a byte last moved on a connection: ms since it was accepted.
+#[derive(Clone)]
+struct Activity {
+    born: tokio::time::Instant,
     last: Arc<AtomicU64>,
 }
 
-impl Watched {
-    fn new(stream: tokio::net::TcpStream) -> (Self, Arc<AtomicU64>) {
-        let last = Arc::new(AtomicU64::new(0));
-        (Self { stream, born: std::time::Instant::now(), last: last.clone() }, last)
-    }
-
+impl Activity {
     fn touch(&self) {
         let ms = u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX);
         self.last.store(ms, Ordering::Relaxed);
+    }
+
+    /// Resolves once nothing moved for `timeout`.
+    async fn idle(&self, timeout: Duration) {
+        loop {
+            let due = self.born + Duration::from_millis(self.last.load(Ordering::Relaxed)) + timeout;
+            if tokio::time::Instant::now() >= due {
+                return;
+            }
+            tokio::time::sleep_until(due).await;
+        }
+    }
+}
+
+/// A stream that notes its [`Activity`].
+struct Watched {
+    stream: tokio::net::TcpStream,
+    activity: Activity,
+}
+
+impl Watched {
+    fn new(stream: tokio::net::TcpStream) -> (Self, Activity) {
+        let activity = Activity { born: tokio::time::Instant::now(), last: Arc::new(AtomicU64::new(0)) };
+        (Self { stream, activity: activity.clone() }, activity)
+    }
+
+    fn touch(&self) {
+        self.activity.touch();
     }
 }
 

@@ -36,18 +36,17 @@ pub const LOG_LINE_COST: u64 = 64;
 
 /// `text` cut to at most `max` bytes (at a character boundary), with a
 /// marker saying how long it was.
-pub(crate) fn cut(mut text: String, max: usize) -> String {
-    if text.len() <= max {
-        return text;
-    }
-    let total = text.len();
-    let mut end = max;
+pub(crate) fn cut(text: String, max: usize) -> String {
+    if text.len() <= max { text } else { cut_str(&text, max) }
+}
+
+/// [`cut`] of a borrowed text: copies only what it keeps.
+fn cut_str(text: &str, max: usize) -> String {
+    let mut end = max.min(text.len());
     while !text.is_char_boundary(end) {
         end -= 1;
     }
-    text.truncate(end);
-    text.push_str(&format!(" […cut: {total} bytes in all]"));
-    text
+    format!("{} […cut: {} bytes in all]", &text[..end], text.len())
 }
 
 /// The log budget of one instance's jobs: what the job whose call runs
@@ -151,7 +150,7 @@ pub(crate) fn gated(gate: &LogGate, key: Option<&str>, text: &str, log: impl FnO
                 );
             }
             if text.len() > MAX_LOG_LINE {
-                log(&cut(text.to_owned(), MAX_LOG_LINE));
+                log(&cut_str(text, MAX_LOG_LINE));
             } else {
                 log(text);
             }
