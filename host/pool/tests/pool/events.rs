@@ -179,10 +179,13 @@ impl pulse_pool::JobHandler for Emitter {
     }
 }
 
+/// A stream entry as XRANGE answers it: id, then field and value pairs.
+type Entry = (String, Vec<(String, Vec<u8>)>);
+
 /// Entries of the pool's events stream, and the bytes of their payloads.
 async fn events_held(pool: &str) -> (usize, usize, usize) {
     let mut conn = pulse_testkit::connect(pulse_testkit::shared_redis_url()).await;
-    let entries: Vec<(String, Vec<(String, Vec<u8>)>)> = redis::cmd("XRANGE")
+    let entries: Vec<Entry> = redis::cmd("XRANGE")
         .arg(format!("pulse:{{{pool}}}:stream:events"))
         .arg("-")
         .arg("+")
