@@ -620,6 +620,8 @@ impl File {
             (None, None) => None,
         };
         if !check.problems.is_empty() {
+            // In file order; those without a line last.
+            check.problems.sort_by_key(|problem| problem.line.unwrap_or(usize::MAX));
             return Err(check.problems);
         }
         let data_dir = base.join(self.redis.data_dir.unwrap_or_else(|| ".pulse-host".into()));
@@ -695,7 +697,7 @@ mod tests {
         assert!(error.to_string().contains("unknown field `when`"), "{error}");
         let error = parse(Path::new("/tmp/x/config.toml"), text.split("\n\n").next().unwrap()).unwrap_err();
         let lines: Vec<_> = error.problems.iter().map(|p| p.line).collect();
-        assert_eq!(lines, [Some(4), Some(3), Some(5)], "{error}");
+        assert_eq!(lines, [Some(3), Some(4), Some(5)], "{error}");
         let message = error.to_string();
         assert!(message.contains("pool name \"a b\": allowed are"), "{message}");
         assert!(message.contains("schedule \"keep\": no file at"), "{message}");
@@ -753,7 +755,7 @@ mod tests {
         let lines: Vec<_> = error.problems.iter().map(|p| p.line).collect();
         assert_eq!(
             lines,
-            [Some(5), Some(4), Some(7), Some(2), Some(6), Some(3), Some(8), Some(10), Some(11)],
+            [Some(2), Some(3), Some(4), Some(5), Some(6), Some(7), Some(8), Some(10), Some(11)],
             "{error}"
         );
         let message = error.to_string();
@@ -771,7 +773,7 @@ mod tests {
                     [plugin.limits]\nmemory = \"0B\"\n";
         let error = parse(Path::new("c.toml"), text).unwrap_err();
         let lines: Vec<_> = error.problems.iter().map(|p| p.line).collect();
-        assert_eq!(lines, [Some(2), Some(9), Some(7)], "{error}");
+        assert_eq!(lines, [Some(2), Some(7), Some(9)], "{error}");
     }
 
     #[test]
