@@ -19,7 +19,18 @@ impl types::Host for HostState {}
 impl env::Host for HostState {
     async fn log(&mut self, level: LogLevel, message: String) -> wasmtime::Result<()> {
         // The current span is the call's: plugin and job key. Cut and
-        // rate-limited like every line a job makes (`bounds`).
+        // rate-limited like every line a job makes (`bounds`); a line of a
+        // level the log leaves out costs nothing of the job's budget.
+        let shown = match level {
+            LogLevel::Trace => tracing::enabled!(target: "pulse_runtime::guest", tracing::Level::TRACE),
+            LogLevel::Debug => tracing::enabled!(target: "pulse_runtime::guest", tracing::Level::DEBUG),
+            LogLevel::Info => tracing::enabled!(target: "pulse_runtime::guest", tracing::Level::INFO),
+            LogLevel::Warn => tracing::enabled!(target: "pulse_runtime::guest", tracing::Level::WARN),
+            LogLevel::Error => tracing::enabled!(target: "pulse_runtime::guest", tracing::Level::ERROR),
+        };
+        if !shown {
+            return Ok(());
+        }
         gated(&self.log_gate, None, &message, |message| match level {
             LogLevel::Trace => tracing::trace!(target: "pulse_runtime::guest", "{message}"),
             LogLevel::Debug => tracing::debug!(target: "pulse_runtime::guest", "{message}"),
