@@ -16,7 +16,7 @@ use crate::{
 };
 
 // The range of every number, size and duration: what `check` enforces
-// (config.toml and docs/configuration.md list them). They keep values in
+// (config.toml and docs/limits.md list them). They keep values in
 // what the code computes with (no overflow, no panic) and in what makes a
 // working pool.
 const MAX_JOBS: RangeInclusive<u64> = 0..=1_000_000_000;
@@ -262,25 +262,28 @@ impl Check<'_> {
         base: &Path,
         path: &Spanned<String>,
     ) -> std::path::PathBuf {
-        let resolved = base.join(path.get_ref());
-        if !resolved.is_file() {
-            self.problem(
-                path,
-                format!(
-                    "{what} {name:?}: no file at {} (build plugins with scripts/build-plugins)",
-                    resolved.display()
-                ),
-            );
-        }
-        resolved
+        let context = format!("{what} {name:?}");
+        self.existing(base, path, &context, " (build plugins with scripts/build-plugins)")
     }
 
-    /// A file the host reads at start, resolved against the config's
-    /// folder.
+    /// A file the host reads at start (`key` names it), resolved against
+    /// the config's folder.
     fn file(&mut self, key: &str, base: &Path, path: &Spanned<String>) -> std::path::PathBuf {
+        self.existing(base, path, &format!("`{key}`"), "")
+    }
+
+    /// `path` resolved against `base`; a problem, naming `context` and
+    /// ending with `hint`, when no file is there.
+    fn existing(
+        &mut self,
+        base: &Path,
+        path: &Spanned<String>,
+        context: &str,
+        hint: &str,
+    ) -> std::path::PathBuf {
         let resolved = base.join(path.get_ref());
         if !resolved.is_file() {
-            self.problem(path, format!("`{key}`: no file at {}", resolved.display()));
+            self.problem(path, format!("{context}: no file at {}{hint}", resolved.display()));
         }
         resolved
     }
@@ -329,13 +332,11 @@ impl Check<'_> {
     /// can take the instances another one needs.
     fn share_instances(&mut self, max_instances: u32, quotas: &[Option<Spanned<u64>>]) -> Vec<u32> {
         let max = u64::from(max_instances);
+        for quota in quotas.iter().flatten() {
+            self.count("limits.instances", Some(quota), 1, 1..=max);
+        }
         let given: u64 = quotas.iter().flatten().map(|q| *q.get_ref()).sum();
         let unset = quotas.iter().filter(|q| q.is_none()).count() as u64;
-        for quota in quotas.iter().flatten() {
-            if *quota.get_ref() == 0 {
-                self.problem(quota, "`limits.instances` must be at least 1".into());
-            }
-        }
         let left = max.saturating_sub(given);
         if given > max || (unset > 0 && left < unset) {
             let message = format!(
@@ -441,7 +442,8 @@ impl Check<'_> {
         }
     }
 
-    /// An HTTP token from the file or from `token_file`.
+    /// The HTTP token written in the config (`http.token`) or read from
+    /// `http.token_file`.
     fn token(&mut self, at: &Spanned<String>, text: &str, what: &str) -> Option<Secret> {
         match crate::check_token(text) {
             Ok(()) => Some(Secret::new(text)),

@@ -96,27 +96,26 @@ impl LogGate {
     /// logged now.
     pub(crate) fn admit_current(&self, len: usize) -> Admit {
         let mut state = self.state.lock().expect("log gate lock");
-        let key = state.current.clone().unwrap_or_default();
-        self.admit_locked(&mut state, &key, len)
+        let GateState { current, budgets } = &mut *state;
+        self.admit_in(budgets, current.as_deref().unwrap_or(""), len)
     }
 
     /// Whether a line of `len` bytes about job `key` may be logged now.
     pub(crate) fn admit(&self, key: &str, len: usize) -> Admit {
         let mut state = self.state.lock().expect("log gate lock");
-        self.admit_locked(&mut state, key, len)
+        self.admit_in(&mut state.budgets, key, len)
     }
 
-    fn admit_locked(&self, state: &mut GateState, key: &str, len: usize) -> Admit {
+    fn admit_in(&self, budgets: &mut HashMap<String, Budget>, key: &str, len: usize) -> Admit {
         let now = Instant::now();
-        if state.budgets.len() > 4096 {
-            // Jobs long gone, or quiet long enough to have a full budget.
-            state.budgets.retain(|_, b| b.dropped > 0 && now.duration_since(b.at).as_secs() < 60);
+        if !budgets.contains_key(key) {
+            if budgets.len() > 4096 {
+                // Jobs long gone, or quiet long enough to have a full budget.
+                budgets.retain(|_, b| b.dropped > 0 && now.duration_since(b.at).as_secs() < 60);
+            }
+            budgets.insert(key.to_owned(), Budget { bytes: LOG_BURST as f64, at: now, dropped: 0 });
         }
-        let budget = state.budgets.entry(key.to_owned()).or_insert(Budget {
-            bytes: LOG_BURST as f64,
-            at: now,
-            dropped: 0,
-        });
+        let budget = budgets.get_mut(key).expect("inserted above");
         let refill = now.duration_since(budget.at).as_secs_f64() * LOG_RATE as f64;
         budget.bytes = (budget.bytes + refill).min(LOG_BURST as f64);
         budget.at = now;

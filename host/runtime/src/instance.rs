@@ -161,7 +161,7 @@ impl Instance {
     }
 
     /// What the instance's jobs may still log.
-    pub(crate) fn log_gate(&mut self) -> Arc<LogGate> {
+    pub(crate) fn log_gate(&self) -> Arc<LogGate> {
         self.store.data().log_gate.clone()
     }
 

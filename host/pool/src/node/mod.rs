@@ -48,10 +48,11 @@ pub use listing::{JobCounts, NodeInfo, PoolView, WorkerInfo};
 /// - `events_retention`: the pool's events stream keeps about 10,000
 ///   entries, and `events_max_bytes` 64 MiB of payloads at most (older
 ///   entries are trimmed);
-/// - `shutdown_timeout`: 30 s for the `stop` calls of a worker that leaves
-///   or shuts down (16 at a time); jobs whose stop has not returned by
-///   then are handed on without waiting (their worker's fence falls as it
-///   leaves, so their code reaches nothing);
+/// - `shutdown_timeout`: 30 s for the `stop` calls of a worker that hands
+///   jobs back (it leaves, or the slot table changed) or shuts down (16 at
+///   a time); jobs whose stop has not returned by then are handed on
+///   without waiting (their tokens move on, so their code reaches
+///   nothing);
 /// - `lease_ttl`: 10 s. A worker of a node that cannot renew its lease
 ///   stops running its jobs after `lease_ttl` minus a tenth; its jobs move
 ///   to other workers `lease_ttl` plus a fifth after its last renewal (the
@@ -74,8 +75,8 @@ pub struct NodeOptions {
     pub events_retention: usize,
     /// Payload bytes the pool's events stream keeps.
     pub events_max_bytes: u64,
-    /// How long a leaving or shutting-down worker's `stop` calls may take
-    /// in all.
+    /// How long the `stop` calls of a worker handing jobs back or shutting
+    /// down may take in all.
     pub shutdown_timeout: Duration,
     /// How long a worker's lease lasts without renewal (renewed every
     /// quarter of it).

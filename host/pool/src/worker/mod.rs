@@ -867,9 +867,11 @@ impl<H: JobHandler> Worker<H> {
 
     /// Calls `stop` for `keys`, [`STOPS_AT_ONCE`] at a time, all within
     /// `shutdown_timeout`: a plugin slow to stop (or looping in `stop`)
-    /// delays a leave or a shutdown by that much at most. Jobs whose stop
-    /// has not returned by then are abandoned; their worker is leaving, and
-    /// its fence falls with it, so their code reaches nothing any more.
+    /// delays a leave, a shutdown or a hand-back after a table change by
+    /// that much at most. Jobs whose stop has not returned by then are
+    /// abandoned: their tokens move on as they are handed back or
+    /// finished, so nothing their code still does reaches the pool (and a
+    /// leaving worker's fence falls with it).
     async fn stop_all(&self, keys: &[String], why: &str) {
         if keys.is_empty() {
             return;
