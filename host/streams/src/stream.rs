@@ -161,8 +161,18 @@ impl Stream {
     /// # Errors
     /// [`Error::Redis`].
     pub async fn latest(&self, count: usize) -> Result<Vec<crate::Event>> {
+        let reply = self.newest(count).await.map_err(|source| Error::Redis {
+            op: "read events",
+            stream: self.inner.name.clone(),
+            source,
+        })?;
+        Ok(reply.ids.iter().filter_map(crate::Event::decode).collect())
+    }
+
+    /// The newest `count` entries as Redis answers them, newest first.
+    async fn newest(&self, count: usize) -> redis::RedisResult<redis::streams::StreamRangeReply> {
         let mut conn = self.inner.conn.clone();
-        let reply: redis::streams::StreamRangeReply = redis::cmd("XREVRANGE")
+        redis::cmd("XREVRANGE")
             .arg(&self.inner.keys.stream)
             .arg("+")
             .arg("-")
@@ -170,8 +180,6 @@ impl Stream {
             .arg(count)
             .query_async(&mut conn)
             .await
-            .map_err(|source| Error::Redis { op: "read events", stream: self.inner.name.clone(), source })?;
-        Ok(reply.ids.iter().filter_map(crate::Event::decode).collect())
     }
 
     /// Up to `count` events after id `after` (exclusive; `None`: from the
@@ -216,16 +224,7 @@ impl Stream {
     }
 
     async fn last_entry_id(&self) -> redis::RedisResult<Option<String>> {
-        let mut conn = self.inner.conn.clone();
-        let last: redis::streams::StreamRangeReply = redis::cmd("XREVRANGE")
-            .arg(&self.inner.keys.stream)
-            .arg("+")
-            .arg("-")
-            .arg("COUNT")
-            .arg(1)
-            .query_async(&mut conn)
-            .await?;
-        Ok(last.ids.into_iter().next().map(|entry| entry.id))
+        Ok(self.newest(1).await?.ids.into_iter().next().map(|entry| entry.id))
     }
 
     /// Deletes the stream, its groups and their bookkeeping. Readers and
