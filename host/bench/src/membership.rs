@@ -14,9 +14,13 @@
 //! - `rebalance`: 4 workers run 1,000 jobs; a fifth joins, then the first
 //!   leaves. Reported per change: the time until every job runs on its
 //!   slot's worker, jobs moved vs the jobs whose slot owner changed,
-//!   misplaced jobs after settling, most and fewest jobs per worker.
+//!   misplaced jobs after settling, most and fewest jobs per worker. Then
+//!   `kill-host`: two processes of 2 workers run 1,000 jobs and the first
+//!   to join is killed with SIGKILL: the survivor's own jobs that were
+//!   started again (`survivors_moved`, target 0) and the killed process's
+//!   jobs started on the survivor (`moved` against `expected_moves`).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::process::Child;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -35,14 +39,16 @@ const LEASE_TTL: Duration = Duration::from_secs(2);
 /// How long a change may take before the scenario gives up on it.
 const PATIENCE: Duration = Duration::from_secs(60);
 
-/// Counts live runs per key in `pulse-bench:{pool}:runs:<pid>`, and all
-/// starts in `pulse-bench:{pool}:starts`; records when each key last
-/// started (Unix ms) in `pulse-bench:{pool}:started:<pid>`.
+/// Counts live runs per key in `pulse-bench:{pool}:runs:<pid>`, starts per
+/// key in `pulse-bench:{pool}:starts:<pid>` and all starts in
+/// `pulse-bench:{pool}:starts`; records when each key last started (Unix
+/// ms) in `pulse-bench:{pool}:started:<pid>`.
 #[derive(Clone)]
 struct Counting {
     conn: redis::aio::MultiplexedConnection,
     runs: String,
     starts: String,
+    starts_per_key: String,
     started_at: String,
 }
 
@@ -54,6 +60,7 @@ impl Counting {
             conn,
             runs: runs_key(pool, pid),
             starts: starts_key(pool),
+            starts_per_key: starts_per_key(pool, pid),
             started_at: started_key(pool, pid),
         })
     }
@@ -64,6 +71,7 @@ impl Counting {
         pipe.hincr(&self.runs, key, delta).ignore();
         if delta > 0 {
             pipe.incr(&self.starts, 1).ignore();
+            pipe.hincr(&self.starts_per_key, key, 1).ignore();
             pipe.hset(&self.started_at, key, unix_ms()).ignore();
         }
         pipe.query_async::<()>(&mut conn).await.map_err(|error| HandlerError::Retryable(error.to_string()))
@@ -76,6 +84,10 @@ fn runs_key(pool: &str, pid: u32) -> String {
 
 fn starts_key(pool: &str) -> String {
     format!("pulse-bench:{{{pool}}}:starts")
+}
+
+fn starts_per_key(pool: &str, pid: u32) -> String {
+    format!("pulse-bench:{{{pool}}}:starts:{pid}")
 }
 
 fn started_key(pool: &str, pid: u32) -> String {
@@ -188,7 +200,7 @@ async fn dispatch_all(node: &Arc<Node>, jobs: usize) -> BenchResult {
 
 /// Whether the listing shows `jobs` jobs, each running on a worker not in
 /// `dead`.
-async fn all_listed(node: &Node, jobs: usize, dead: &std::collections::HashSet<String>) -> BenchResult<bool> {
+async fn all_listed(node: &Node, jobs: usize, dead: &HashSet<String>) -> BenchResult<bool> {
     let listed = node.jobs().await?;
     Ok(listed.len() == jobs
         && listed.iter().all(|job| {
@@ -232,7 +244,7 @@ pub fn failover(args: &Args) -> BenchResult {
         let on_doomed = doomed_runs.values().filter(|n| **n > 0).count();
         // The killed process's workers: those its jobs are listed on.
         let (_, placed) = placement(&node).await?;
-        let dead: std::collections::HashSet<String> = doomed_runs
+        let dead: HashSet<String> = doomed_runs
             .iter()
             .filter(|(_, n)| **n > 0)
             .filter_map(|(key, _)| placed.get(key).cloned())
@@ -342,8 +354,85 @@ pub fn rebalance(args: &Args) -> BenchResult {
         }
         node.shutdown(PATIENCE).await?;
         node.close().await;
-        Ok(())
-    })
+        Ok::<_, Box<dyn std::error::Error>>(())
+    })?;
+    kill_host(jobs)
+}
+
+/// The `kill-host` change of `rebalance`: two processes of 2 workers each
+/// run `jobs` jobs; the first to join is killed with SIGKILL. The
+/// survivor's own jobs should not move at all (`survivors_moved`), and the
+/// killed process's jobs should each start once on the survivor.
+fn kill_host(jobs: usize) -> BenchResult {
+    let server = pulse_testkit::RedisServer::start();
+    let url = server.url().to_owned();
+    let pool = "rebalance-kill";
+    let mut doomed = Process::spawn(&url, pool, 2)?;
+    let survivor = Process::spawn(&url, pool, 2)?;
+    let tokio = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    tokio.block_on(async {
+        let client = redis::Client::open(url.as_str())?;
+        let node = Arc::new(Node::client(&client, pool, options()).await?);
+        let mut conn = client.get_multiplexed_async_connection().await?;
+        dispatch_all(&node, jobs).await?;
+        let (doomed_pid, survivor_pid) = (doomed.0.id(), survivor.0.id());
+        let live_keys = |runs: HashMap<String, i64>| -> HashSet<String> {
+            runs.into_iter().filter(|(_, n)| *n > 0).map(|(key, _)| key).collect()
+        };
+        let on_doomed = live_keys(runs(&mut conn, pool, doomed_pid).await?);
+        let on_survivor = live_keys(runs(&mut conn, pool, survivor_pid).await?);
+        let (_, placed) = placement(&node).await?;
+        let dead: HashSet<String> = on_doomed.iter().filter_map(|key| placed.get(key).cloned()).collect();
+        let starts_before = starts_of(&mut conn, pool, survivor_pid).await?;
+        let killed = Instant::now();
+        doomed.0.kill()?;
+        doomed.0.wait()?;
+        let deadline = killed + PATIENCE;
+        let settled = loop {
+            let live = runs(&mut conn, pool, survivor_pid).await?;
+            let running = live.values().filter(|n| **n == 1).count();
+            if (running == jobs && all_listed(&node, jobs, &dead).await?) || Instant::now() > deadline {
+                break killed.elapsed();
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let starts_after = starts_of(&mut conn, pool, survivor_pid).await?;
+        let started_again = |key: &String| {
+            starts_after.get(key).copied().unwrap_or(0) - starts_before.get(key).copied().unwrap_or(0)
+        };
+        let survivors_moved = on_survivor.iter().filter(|key| started_again(key) > 0).count();
+        let moved: i64 = on_doomed.iter().map(started_again).sum();
+        let mut per_worker: HashMap<String, usize> = HashMap::new();
+        for (_, worker) in placement(&node).await?.1 {
+            *per_worker.entry(worker).or_default() += 1;
+        }
+        report::Result::new("rebalance")
+            .field("change", "kill-host")
+            .field("jobs", jobs)
+            .field("workers_after", per_worker.len())
+            .millis("settle_ms", settled)
+            .field("moved", moved)
+            .field("expected_moves", on_doomed.len())
+            .field("survivors_moved", survivors_moved)
+            .field("survivor_jobs", on_survivor.len())
+            .field("max_per_worker", per_worker.values().max().copied().unwrap_or(0))
+            .field("min_per_worker", per_worker.values().min().copied().unwrap_or(0))
+            .print();
+        node.shutdown(PATIENCE).await?;
+        node.close().await;
+        Ok::<_, Box<dyn std::error::Error>>(())
+    })?;
+    drop(survivor);
+    Ok(())
+}
+
+/// Starts per key in process `pid`.
+async fn starts_of(
+    conn: &mut redis::aio::MultiplexedConnection,
+    pool: &str,
+    pid: u32,
+) -> BenchResult<HashMap<String, i64>> {
+    Ok(redis::cmd("HGETALL").arg(starts_per_key(pool, pid)).query_async(conn).await?)
 }
 
 /// Starts so far, in every process of the pool.
