@@ -32,34 +32,58 @@ local function netstrings(value)
 end
 
 -- Bumps the map's revision (creating its epoch if needed) and publishes
--- op, epoch, rev and the arguments: every change bumps `=rev` by exactly
--- one and publishes it, so a replica that sees a gap knows it missed one.
--- Returns rev, epoch.
-local function rmap_publish(map, op, ...)
+-- op, epoch, rev and the arguments (a list): every change bumps `=rev` by
+-- exactly one and publishes it, so a replica that sees a gap knows it
+-- missed one. Returns rev, epoch.
+local function rmap_publish(map, op, args)
   local epoch = redis.call('HGET', map.hash, '=epoch')
   if not epoch then
     epoch = map.epoch
     redis.call('HSET', map.hash, '=epoch', epoch)
   end
   local rev = redis.call('HINCRBY', map.hash, '=rev', 1)
-  local message = ns(op) .. ns(epoch) .. ns(tostring(rev))
-  for _, arg in ipairs({...}) do
-    message = message .. ns(arg)
+  local parts = {ns(op), ns(epoch), ns(tostring(rev))}
+  for _, arg in ipairs(args) do
+    parts[#parts + 1] = ns(arg)
   end
-  redis.call('PUBLISH', map.channel, message)
+  redis.call('PUBLISH', map.channel, table.concat(parts))
   return rev, epoch
 end
 
 -- Sets `key` to `value` and publishes the change.
 local function rmap_set(map, key, value)
   redis.call('HSET', map.hash, key, value)
-  return rmap_publish(map, 'set', key, value)
+  return rmap_publish(map, 'set', {key, value})
+end
+
+-- Sets many keys as one change: `pairs_list` is {key1, value1, key2,
+-- value2, ...}. One revision and one message (`mset`) however many keys
+-- change, so replicas apply them together and subscribers hear of them
+-- once. Returns rev, epoch; 0 when the list is empty (nothing published).
+local function rmap_set_many(map, pairs_list)
+  if #pairs_list == 0 then return 0 end
+  -- HSET in batches: Lua's unpack takes at most about 8,000 values.
+  for first = 1, #pairs_list, 1000 do
+    redis.call('HSET', map.hash, unpack(pairs_list, first, math.min(first + 999, #pairs_list)))
+  end
+  return rmap_publish(map, 'mset', pairs_list)
 end
 
 -- Deletes `key`, publishing the change if it was there.
 local function rmap_del(map, key)
   if redis.call('HDEL', map.hash, key) == 0 then return 0 end
-  return rmap_publish(map, 'del', key)
+  return rmap_publish(map, 'del', {key})
+end
+
+-- Removes every user field (keeps `=epoch` and `=rev`) and publishes
+-- `reset`.
+local function rmap_clear(map)
+  for _, field in ipairs(redis.call('HKEYS', map.hash)) do
+    if string.sub(field, 1, 1) ~= '=' then
+      redis.call('HDEL', map.hash, field)
+    end
+  end
+  return rmap_publish(map, 'reset', {})
 end
 
 -- The user entries of a map (without `=epoch` and `=rev`), as a table.

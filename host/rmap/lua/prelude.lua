@@ -25,7 +25,7 @@ local map = {hash = hash, channel = channel, epoch = ARGV[2]}
 
 -- Publishes a change of this map (see rmap_publish). Returns rev, epoch.
 local function publish(op, ...)
-  return rmap_publish(map, op, ...)
+  return rmap_publish(map, op, {...})
 end
 
 -- A list value: its items as netstrings.

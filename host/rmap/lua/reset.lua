@@ -8,11 +8,6 @@ for i = 5, #ARGV, 2 do
     return {0, ''}
   end
 end
-for _, field in ipairs(redis.call('HKEYS', hash)) do
-  if string.sub(field, 1, 1) ~= '=' then
-    redis.call('HDEL', hash, field)
-  end
-end
-local rev, epoch = publish('reset')
+local rev, epoch = rmap_clear(map)
 expire()
 return {rev, epoch}

@@ -59,6 +59,10 @@ pub(crate) enum Op {
         key: String,
         value: String,
     },
+    /// Several keys set in one change: (key, value) pairs.
+    SetMany {
+        entries: Vec<(String, String)>,
+    },
     Delete {
         key: String,
     },
@@ -93,6 +97,9 @@ impl Change {
         let args: Vec<String> = fields.collect();
         let op = match (op.as_str(), args.as_slice()) {
             ("set", [key, value]) => Op::Set { key: key.clone(), value: value.clone() },
+            ("mset", pairs) if !pairs.is_empty() && pairs.len() % 2 == 0 => Op::SetMany {
+                entries: pairs.chunks(2).map(|pair| (pair[0].clone(), pair[1].clone())).collect(),
+            },
             ("del", [key]) => Op::Delete { key: key.clone() },
             ("append", [key, suffix]) => Op::Append { key: key.clone(), suffix: suffix.clone() },
             ("remove", [key, items]) => Op::Remove { key: key.clone(), items: decode_list(items)? },
@@ -128,10 +135,15 @@ mod tests {
             set,
             Change { epoch: "e1".into(), rev: 17, op: Op::Set { key: "k".into(), value: "v,w".into() } }
         );
+        let many = Change::parse(b"4:mset,1:e,1:3,1:a,1:1,1:b,0:,").unwrap();
+        assert_eq!(
+            many.op,
+            Op::SetMany { entries: vec![("a".into(), "1".into()), ("b".into(), String::new())] }
+        );
         let remove = Change::parse(b"6:remove,1:e,1:2,1:k,8:1:a,1:b,,").unwrap();
         assert_eq!(remove.op, Op::Remove { key: "k".into(), items: vec!["a".into(), "b".into()] });
         for bad in
-            [&b""[..], b"3:set,", b"3:set,1:e,1:x,1:k,1:v,", b"5:reset,1:e,1:1,1:k,", b"4:nope,1:e,1:1,"]
+            [&b""[..], b"3:set,", b"3:set,1:e,1:x,1:k,1:v,", b"5:reset,1:e,1:1,1:k,", b"4:nope,1:e,1:1,", b"4:mset,1:e,1:1,", b"4:mset,1:e,1:1,1:k,"]
         {
             assert_eq!(Change::parse(bad), None, "{}", String::from_utf8_lossy(bad));
         }

@@ -282,6 +282,28 @@ impl Map {
         Ok(previous)
     }
 
+    /// Sets every `(key, value)` of `entries` as one change: one revision,
+    /// one message, one event ([`crate::MapEvent::SetMany`]) for subscribers.
+    /// Nothing happens when `entries` is empty.
+    ///
+    /// # Errors
+    /// As [`Map::set`].
+    ///
+    /// # Cancel safety
+    /// Not cancel safe (see [`Map::set`]).
+    pub async fn set_many(&self, entries: &[(&str, &str)]) -> Result<()> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let mut args = Vec::with_capacity(entries.len() * 2);
+        for (key, value) in entries {
+            validate_key(key)?;
+            args.extend([*key, *value]);
+        }
+        let _: (u64, String) = self.run("set_many", &scripts::SET_MANY, &args).await?;
+        Ok(())
+    }
+
     /// Sets `key` to `value` and returns once the local replica shows this
     /// write (or a later state), or fails after `timeout`.
     ///

@@ -64,6 +64,12 @@ impl Replica {
                 self.content.insert(key.clone(), value.clone());
                 MapEvent::Set { key, value }
             }
+            Op::SetMany { entries } => {
+                for (key, value) in &entries {
+                    self.content.insert(key.clone(), value.clone());
+                }
+                MapEvent::SetMany { entries }
+            }
             Op::Delete { key } => {
                 self.content.remove(&key);
                 MapEvent::Deleted { key }

@@ -10,7 +10,8 @@ use redis::Script;
 const PRELUDE: &str = include_str!("../lua/prelude.lua");
 
 /// Lua functions that change a map in the format its replicas apply:
-/// `rmap_set(map, key, value)`, `rmap_del(map, key)`, `rmap_entries(map)`,
+/// `rmap_set(map, key, value)`, `rmap_set_many(map, {key, value, ...})`,
+/// `rmap_del(map, key)`, `rmap_clear(map)`, `rmap_entries(map)`,
 /// with `map = {hash = ..., channel = ..., epoch = ...}` (see
 /// [`crate::Map::redis_key`] and [`crate::Map::channel`]), and the netstring
 /// helpers `ns(s)` and `netstrings(value)`. Prepend it to a script that
@@ -26,6 +27,7 @@ macro_rules! script {
 }
 
 script!(SET, "set.lua");
+script!(SET_MANY, "set_many.lua");
 script!(SET_IF_NOT_EXISTS, "set_if_not_exists.lua");
 script!(TEST_AND_SET, "test_and_set.lua");
 script!(DELETE, "delete.lua");

@@ -21,6 +21,12 @@ pub enum MapEvent {
         /// Its new value.
         value: String,
     },
+    /// Each key of `entries` now holds its value: one change that set
+    /// several keys at once.
+    SetMany {
+        /// The keys and their new values.
+        entries: Vec<(String, String)>,
+    },
     /// `key` was deleted.
     Deleted {
         /// The key.

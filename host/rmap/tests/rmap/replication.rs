@@ -119,6 +119,34 @@ async fn set_and_wait_returns_once_the_local_replica_shows_the_value() {
 }
 
 #[tokio::test]
+async fn many_keys_set_at_once_are_one_revision_and_one_event() {
+    let name = unique("set-many");
+    let (writer, watcher) = (join(&name).await, join(&name).await);
+    let mut events = watcher.subscribe();
+    writer.set("a", "before").await.unwrap();
+    // More pairs than one Lua call may unpack (about 8,000 values).
+    let entries: Vec<(String, String)> = (0..5_000).map(|i| (format!("k{i}"), format!("v{i}"))).collect();
+    let pairs: Vec<(&str, &str)> = entries.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let before = writer.revision();
+    writer.set_many(&pairs).await.unwrap();
+    writer.set_many(&[]).await.unwrap();
+    let expected_set = Some(MapEvent::Set { key: "a".into(), value: "before".into() });
+    assert_eq!(tokio::time::timeout(PATIENCE, events.recv()).await.unwrap(), expected_set);
+    let Some(MapEvent::SetMany { entries: heard }) = tokio::time::timeout(PATIENCE, events.recv()).await.unwrap()
+    else {
+        panic!("not one SetMany event");
+    };
+    assert_eq!(heard, entries);
+    assert_eq!(watcher.revision(), before + 1, "one revision for 5,000 keys; none for an empty call");
+    assert_eq!(watcher.len(), 5_001);
+    assert_eq!(watcher.get("k4999").as_deref(), Some("v4999"));
+    assert_eq!(redis_content(&name).await, watcher.snapshot(), "the replica equals Redis");
+    writer.destroy().await.unwrap();
+    writer.close().await;
+    watcher.close().await;
+}
+
+#[tokio::test]
 async fn subscribers_hear_every_change_in_order() {
     let name = unique("subscribers");
     let (writer, watcher) = (join(&name).await, join(&name).await);
