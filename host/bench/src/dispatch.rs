@@ -243,7 +243,7 @@ async fn wait_for_workers(node: &Node, process: &mut Child) -> BenchResult {
     let deadline = Instant::now() + STARTUP;
     loop {
         let workers = node.workers().await?;
-        if workers.iter().filter(|w| w.slot.is_some()).count() >= WORKERS {
+        if workers.iter().filter(|w| w.slots > 0).count() >= WORKERS {
             return Ok(());
         }
         if let Some(status) = process.try_wait()? {

@@ -43,7 +43,7 @@ pub fn run(args: &Args) -> BenchResult {
         let client = redis::Client::open(url.as_str())?;
         let node = Arc::new(Node::client(&client, pool, NodeOptions::default()).await?);
         let deadline = Instant::now() + STARTUP;
-        while node.workers().await?.iter().filter(|w| w.slot.is_some()).count() < 2 * WORKERS {
+        while node.workers().await?.iter().filter(|w| w.slots > 0).count() < 2 * WORKERS {
             if Instant::now() > deadline {
                 return Err(format!("the two hosts had no {} workers after {STARTUP:?}", 2 * WORKERS).into());
             }

@@ -208,9 +208,9 @@ async fn all_listed(node: &Node, jobs: usize, dead: &HashSet<String>) -> BenchRe
         }))
 }
 
-/// Slot -> worker, and job -> worker, as Redis has them now.
-async fn placement(node: &Node) -> BenchResult<(BTreeMap<u32, String>, HashMap<String, String>)> {
-    let slots = node.workers().await?.into_iter().filter_map(|w| Some((w.slot?, w.id))).collect();
+/// Slots per worker, and job -> worker, as Redis has them now.
+async fn placement(node: &Node) -> BenchResult<(BTreeMap<String, u32>, HashMap<String, String>)> {
+    let slots = node.workers().await?.into_iter().filter(|w| w.slots > 0).map(|w| (w.id, w.slots)).collect();
     let jobs = node
         .jobs()
         .await?
@@ -219,11 +219,6 @@ async fn placement(node: &Node) -> BenchResult<(BTreeMap<u32, String>, HashMap<S
         .filter_map(|job| Some((job.key, job.worker?)))
         .collect();
     Ok((slots, jobs))
-}
-
-fn owner<'a>(slots: &'a BTreeMap<u32, String>, key: &str) -> &'a str {
-    let count = u32::try_from(slots.len()).unwrap_or(u32::MAX);
-    slots.get(&pulse_pool::hash::slot_of(key, count)).map_or("", String::as_str)
 }
 
 pub fn failover(args: &Args) -> BenchResult {
@@ -326,7 +321,7 @@ pub fn rebalance(args: &Args) -> BenchResult {
                 let (slots, after) = placement(&node).await?;
                 let live = runs(&mut conn, pool, std::process::id()).await?;
                 let placed = after.len() == jobs
-                    && after.iter().all(|(key, worker)| owner(&slots, key) == worker)
+                    && after.iter().all(|(key, worker)| node.owner(key).as_ref() == Some(worker))
                     && live.values().filter(|n| **n == 1).count() == jobs;
                 if placed || Instant::now() > deadline {
                     break (began.elapsed(), slots, after);
@@ -334,9 +329,9 @@ pub fn rebalance(args: &Args) -> BenchResult {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             };
             let moved = starts(&mut conn, pool).await? - starts_before;
-            let expected = before.keys().filter(|key| owner(&slots, key) != before[*key]).count();
-            let misplaced = after.iter().filter(|(key, worker)| owner(&slots, key) != *worker).count();
-            let mut per_worker: HashMap<&str, usize> = slots.values().map(|w| (w.as_str(), 0)).collect();
+            let expected = before.iter().filter(|(key, worker)| node.owner(key).as_ref() != Some(*worker)).count();
+            let misplaced = after.iter().filter(|(key, worker)| node.owner(key).as_ref() != Some(*worker)).count();
+            let mut per_worker: HashMap<&str, usize> = slots.keys().map(|w| (w.as_str(), 0)).collect();
             for worker in after.values() {
                 *per_worker.entry(worker).or_default() += 1;
             }
@@ -350,6 +345,8 @@ pub fn rebalance(args: &Args) -> BenchResult {
                 .field("misplaced", misplaced)
                 .field("max_per_worker", per_worker.values().max().copied().unwrap_or(0))
                 .field("min_per_worker", per_worker.values().min().copied().unwrap_or(0))
+                .field("max_slots", slots.values().max().copied().unwrap_or(0))
+                .field("min_slots", slots.values().min().copied().unwrap_or(0))
                 .print();
         }
         node.shutdown(PATIENCE).await?;
@@ -402,8 +399,9 @@ fn kill_host(jobs: usize) -> BenchResult {
         };
         let survivors_moved = on_survivor.iter().filter(|key| started_again(key) > 0).count();
         let moved: i64 = on_doomed.iter().map(started_again).sum();
+        let (slots, placed) = placement(&node).await?;
         let mut per_worker: HashMap<String, usize> = HashMap::new();
-        for (_, worker) in placement(&node).await?.1 {
+        for (_, worker) in placed {
             *per_worker.entry(worker).or_default() += 1;
         }
         report::Result::new("rebalance")
@@ -417,6 +415,8 @@ fn kill_host(jobs: usize) -> BenchResult {
             .field("survivor_jobs", on_survivor.len())
             .field("max_per_worker", per_worker.values().max().copied().unwrap_or(0))
             .field("min_per_worker", per_worker.values().min().copied().unwrap_or(0))
+            .field("max_slots", slots.values().max().copied().unwrap_or(0))
+            .field("min_slots", slots.values().min().copied().unwrap_or(0))
             .print();
         node.shutdown(PATIENCE).await?;
         node.close().await;

@@ -175,15 +175,14 @@ pub fn print_workers(workers: &[WorkerInfo], as_json: bool) {
     if as_json {
         let list: Vec<_> = workers
             .iter()
-            .map(|w| json!({"id": w.id, "node": w.node, "join": w.join, "slot": w.slot, "jobs": w.jobs}))
+            .map(|w| json!({"id": w.id, "node": w.node, "join": w.join, "slots": w.slots, "jobs": w.jobs}))
             .collect();
         let _ = writeln!(out, "{}", serde_json::Value::Array(list));
         return;
     }
-    let _ = writeln!(out, "{:<8} {:<20} {:>5} {:>5} {:>6}", "WORKER", "NODE", "JOIN", "SLOT", "JOBS");
+    let _ = writeln!(out, "{:<8} {:<20} {:>5} {:>5} {:>6}", "WORKER", "NODE", "JOIN", "SLOTS", "JOBS");
     for w in workers {
-        let slot = w.slot.map_or_else(|| "-".to_owned(), |s| s.to_string());
-        let _ = writeln!(out, "{:<8} {:<20} {:>5} {:>5} {:>6}", w.id, w.node, w.join, slot, w.jobs);
+        let _ = writeln!(out, "{:<8} {:<20} {:>5} {:>5} {:>6}", w.id, w.node, w.join, w.slots, w.jobs);
     }
 }
 

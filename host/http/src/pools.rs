@@ -40,7 +40,7 @@ pub(crate) async fn workers(
         .workers()
         .await?
         .iter()
-        .map(|w| json!({"id": w.id, "node": w.node, "join": w.join, "slot": w.slot, "jobs": w.jobs}))
+        .map(|w| json!({"id": w.id, "node": w.node, "join": w.join, "slots": w.slots, "jobs": w.jobs}))
         .collect();
     let nodes: Vec<Value> = node.nodes().iter().map(|n| json!({"id": n.id, "workers": n.workers})).collect();
     Ok(Json(json!({"workers": workers, "nodes": nodes})))

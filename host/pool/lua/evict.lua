@@ -11,8 +11,8 @@
 -- worker that fenced itself), or '' for every worker whose lease expired
 -- more than the grace ago (at most 16 per call)
 --
--- Evicts a worker in one step: its slot (swap-removed), its entry and its
--- lease go; each job it owned is queued for its next worker with the
+-- Evicts a worker in one step: its slots (to the least loaded of the
+-- workers that stay), its entry and its lease go; each job it owned is queued for its next worker with the
 -- unprocessed entries of the inbox (a worker deletes each entry it processed)
 -- moved, in order and ahead of anything held since, into the job's held
 -- events. The expiry is checked here, on Redis time: eviction needs the
@@ -37,7 +37,6 @@ local function entry_fields(entry)
 end
 
 local function evict(worker)
-  swap_remove(slots, worker)
   rmap_del(workers, worker)
   redis.call('ZREM', leases, worker)
   local inbox = inboxes .. worker
@@ -93,12 +92,21 @@ end
 
 local out = {}
 if ARGV[7] ~= '' then
+  give_up_slots(slots, {[ARGV[7]] = true})
   table.insert(out, ARGV[7])
   table.insert(out, evict(ARGV[7]))
   return out
 end
 local now, grace = tonumber(now_ms()), tonumber(ARGV[6])
 local expired = redis.call('ZRANGEBYSCORE', leases, '-inf', now - grace, 'LIMIT', 0, 16)
+-- The slots of every worker evicted now move in one step, so none passes
+-- to another worker evicted in the same breath (a dead host's workers
+-- expire together).
+local leavers = {}
+for _, worker in ipairs(expired) do
+  leavers[worker] = true
+end
+give_up_slots(slots, leavers)
 for _, worker in ipairs(expired) do
   table.insert(out, worker)
   table.insert(out, evict(worker))

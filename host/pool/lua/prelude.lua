@@ -33,19 +33,106 @@ local function held_event(kind, reply, request, payload)
   return ns(kind) .. ns(reply) .. ns(request) .. ns(payload)
 end
 
--- Swap-removes `worker`'s slot from the slot table: the last slot's worker
--- takes it and the table shrinks by one, so Jump Consistent Hash moves the
--- keys of two slots, not of every slot after it. False when it holds none.
-local function swap_remove(slots, worker)
-  local entries = rmap_entries(slots)
-  local count, index = 0, nil
-  for slot, w in pairs(entries) do
-    count = count + 1
-    if w == worker then index = slot end
+-- The slot table: a fixed number of virtual slots (S, recorded in the
+-- pool's epoch), each held by one worker: field = slot index, value =
+-- worker. A key routes to slot JumpHash(CRC-64(key), S) and so to the
+-- slot's worker. Membership changes move slots, never keys between slots:
+-- a join takes slots from the most loaded workers, a leave gives the
+-- leaver's slots to the least loaded, and no other slot changes hands,
+-- so no survivor's job ever moves. Every change is one `mset` (or, when
+-- the last holders leave, `reset`) of the replicated map: one revision.
+
+-- The worker holding most (`most`) or fewest slots in `load` (worker ->
+-- count); ties go to the first in `order`, so the choice is reproducible.
+local function pick(load, order, most)
+  local best
+  for _, w in ipairs(order) do
+    if not best or (most and load[w] > load[best]) or (not most and load[w] < load[best]) then
+      best = w
+    end
   end
-  if not index then return false end
-  local last = tostring(count - 1)
-  if index ~= last then rmap_set(slots, index, entries[last]) end
-  rmap_del(slots, last)
-  return true
+  return best
+end
+
+-- The workers of `held` (worker -> list of slots), sorted.
+local function holders_of(held)
+  local order = {}
+  for w in pairs(held) do table.insert(order, w) end
+  table.sort(order)
+  return order
+end
+
+-- Gives `worker`, who holds no slot, its share of the `count` slots: the
+-- free slots and then slots of the most loaded workers, until it holds
+-- floor(count / workers); every worker then holds that or one more.
+-- Nothing changes when it holds slots already.
+local function take_slots(slots, worker, count)
+  local entries = rmap_entries(slots)
+  local held, free = {}, {}
+  for slot = 0, count - 1 do
+    local w = entries[tostring(slot)]
+    if w then
+      held[w] = held[w] or {}
+      table.insert(held[w], slot)
+    else
+      table.insert(free, slot)
+    end
+  end
+  if held[worker] then return end
+  local order = holders_of(held)
+  local load = {}
+  for _, w in ipairs(order) do load[w] = #held[w] end
+  local target = math.floor(count / (#order + 1))
+  local moves, taken = {}, 0
+  -- Free slots (only an empty table has any): the joiner's first, any
+  -- beyond its share to the least loaded.
+  table.insert(order, worker)
+  load[worker] = 0
+  for i = #free, 1, -1 do
+    local to = worker
+    if taken >= target then to = pick(load, order, false) end
+    load[to] = load[to] + 1
+    if to == worker then taken = taken + 1 end
+    table.insert(moves, tostring(free[i]))
+    table.insert(moves, to)
+  end
+  table.remove(order)
+  while taken < target do
+    local from = pick(load, order, true)
+    load[from] = load[from] - 1
+    table.insert(moves, tostring(table.remove(held[from])))
+    table.insert(moves, worker)
+    taken = taken + 1
+  end
+  rmap_set_many(slots, moves)
+end
+
+-- Gives the slots of `leavers` (a set: worker -> true) to the least
+-- loaded of the other holders, one slot at a time; frees them all when
+-- no other worker holds a slot. Nothing else changes hands.
+local function give_up_slots(slots, leavers)
+  if next(leavers) == nil then return end
+  local orphaned, load = {}, {}
+  for slot, w in pairs(rmap_entries(slots)) do
+    if leavers[w] then
+      table.insert(orphaned, tonumber(slot))
+    else
+      load[w] = (load[w] or 0) + 1
+    end
+  end
+  if #orphaned == 0 then return end
+  local order = holders_of(load)
+  if #order == 0 then
+    rmap_clear(slots)
+    return
+  end
+  table.sort(orphaned)
+  local moves = {}
+  for _, slot in ipairs(orphaned) do
+    local to = pick(load, order, false)
+    load[to] = load[to] + 1
+    table.insert(moves, tostring(slot))
+    table.insert(moves, to)
+  end
+  rmap_set_many(slots, moves)
 end

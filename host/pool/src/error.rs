@@ -46,6 +46,20 @@ pub enum Error {
         /// The epoch Redis holds now (empty: none).
         epoch: String,
     },
+    /// The pool was created by an earlier version, whose slot table has
+    /// one slot per worker: this version routes keys differently and must
+    /// not serve it.
+    #[error(
+        "pool {pool:?} was created by an earlier version of pulse-host, which routes keys over one slot per \
+         worker (its epoch {epoch:?} records no slot count); shut it down with that version \
+         (pulse-host shutdown --pool {pool}) before this version serves it"
+    )]
+    IncompatiblePool {
+        /// The pool.
+        pool: String,
+        /// Its epoch.
+        epoch: String,
+    },
     /// Redis may evict keys under memory pressure, which would lose jobs.
     #[error(
         "Redis has maxmemory-policy {policy:?}, which lets it evict keys and so lose jobs; \

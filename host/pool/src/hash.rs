@@ -37,6 +37,24 @@ pub fn jump(mut hash: u64, buckets: u32) -> u32 {
     u32::try_from(b).unwrap_or(0)
 }
 
+/// The number of virtual slots of a pool this version creates. Keys route
+/// to slots, slots to workers (the pool's slot table): membership changes
+/// move whole slots, so a key's slot never changes. 4,096 slots keep every
+/// worker's share within one slot (0.025 % of the keys) of even for any
+/// pool of up to 4,096 workers, at about 330 KB per node for the table's
+/// replica and a few bytes per moved slot for each change.
+///
+/// A pool keeps the count it was created with: it is part of the pool's
+/// epoch (`<random hex>:<slots>`), and nodes route by that.
+pub const VIRTUAL_SLOTS: u32 = 4_096;
+
+/// The slot count recorded in pool epoch `epoch`; `None` for an epoch
+/// without one (a pool created by a version with one slot per worker).
+pub fn slot_count(epoch: &str) -> Option<u32> {
+    let (_, slots) = epoch.rsplit_once(':')?;
+    slots.parse().ok().filter(|slots| (1..=1 << 16).contains(slots))
+}
+
 /// The slot of `key` among `slots` slots.
 pub fn slot_of(key: &str, slots: u32) -> u32 {
     jump(crc64(key.as_bytes()), slots)
@@ -45,6 +63,15 @@ pub fn slot_of(key: &str, slots: u32) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_slot_count_is_read_from_the_epoch() {
+        assert_eq!(slot_count("3f2a9c0d11e4b7a2:4096"), Some(4096));
+        assert_eq!(slot_count("3f2a9c0d11e4b7a2"), None, "an epoch of one slot per worker");
+        assert_eq!(slot_count("3f2a:0"), None);
+        assert_eq!(slot_count("3f2a:65537"), None);
+        assert_eq!(slot_count("3f2a:x"), None);
+    }
 
     /// From `jump-hash-vectors.txt`, computed by Go Pulse's own hasher.
     const VECTORS: &[(&str, u64, [u32; 8])] = &[

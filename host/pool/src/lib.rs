@@ -1,6 +1,8 @@
 //! The worker pool: jobs keyed by name run on exactly one worker of a pool
 //! of nodes sharing a Redis, chosen by Jump Consistent Hash of the key over
-//! a slot table of workers.
+//! a fixed number of virtual slots, each held by one worker (the slot
+//! table). Membership changes move slots from the most loaded workers to a
+//! joiner and from a leaver to the least loaded; no other slot moves.
 //!
 //! # Layout
 //! - `node`: [`Node`]: join (full or client-only), workers, dispatch, stop,
@@ -12,7 +14,8 @@
 //! - `ticker`: [`Ticker`], a named interval firing on one node per tick.
 //! - `schedule`: [`Node::schedule`], a [`JobProducer`]'s [`Plan`] applied
 //!   at every tick.
-//! - `hash`: CRC-64 and Jump Consistent Hash, as Go Pulse routes.
+//! - `hash`: CRC-64 and Jump Consistent Hash, as Go Pulse routes; the
+//!   number of virtual slots.
 //! - `keys`, `scripts`, `wire`: Redis key names, the Lua scripts (`lua/`),
 //!   the message formats.
 //!

@@ -24,7 +24,7 @@
 //! move as soon as any node's tick sees the lease expired.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -35,6 +35,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Core;
 use crate::error::{Error, Result};
+use crate::hash::{VIRTUAL_SLOTS, slot_count};
 use crate::scripts;
 
 /// One worker's own fence: once it falls, none of the worker's jobs may
@@ -95,11 +96,14 @@ pub(crate) struct Lease {
     members: Mutex<HashMap<String, (WorkerFence, bool)>>,
     /// The pool epoch this node works in.
     epoch: Mutex<String>,
+    /// The slot count recorded in that epoch.
+    slot_count: AtomicU32,
 }
 
 impl Lease {
-    pub(crate) fn new(epoch: String) -> Self {
+    pub(crate) fn new(epoch: String, slot_count: u32) -> Self {
         Self {
+            slot_count: AtomicU32::new(slot_count),
             base: Instant::now(),
             until_ms: AtomicU64::new(0),
             renewed: watch::Sender::new(0),
@@ -153,6 +157,11 @@ impl Lease {
         lock(&self.epoch).clone()
     }
 
+    /// The pool's slot count, as its epoch records it.
+    pub(crate) fn slot_count(&self) -> u32 {
+        self.slot_count.load(Ordering::Acquire)
+    }
+
     /// Registers worker `id`, not joined yet; returns its fence: `keep`
     /// when given and still up (the worker joins again with the jobs it
     /// runs, whose contexts share it), otherwise a new one.
@@ -179,10 +188,11 @@ impl Lease {
     /// their jobs back. The loss is recorded before the fence falls, so a
     /// worker that finds the fence fallen also finds the loss (and writes
     /// its jobs back rather than dropping them).
-    fn adopt_epoch(&self, epoch: String) {
+    fn adopt_epoch(&self, epoch: String, slot_count: u32) {
         {
             let mut current = lock(&self.epoch);
             *current = epoch;
+            self.slot_count.store(slot_count, Ordering::Release);
             self.data_lost.send_modify(|n| *n += 1);
         }
         self.fence_now();
@@ -257,9 +267,13 @@ impl Core {
         invocation
     }
 
-    /// Makes worker `id` a member: entry, lease and a slot, in one step.
+    /// Makes worker `id` a member: entry, lease and its share of the
+    /// slots, in one step; returns once this node's replica of the slot
+    /// table shows the join (or after a few seconds regardless).
     pub(crate) async fn join_worker(&self, id: &str, join: u64) -> Result<()> {
         let keys = &self.keys;
+        // Read together: the slot count is the epoch's.
+        let (epoch, slot_count) = (self.lease.epoch(), self.lease.slot_count());
         let sent = self.lease.elapsed_ms();
         let mut conn = self.conn.clone();
         let mut invocation = self.membership_script(&scripts::JOIN);
@@ -269,7 +283,8 @@ impl Core {
             .arg(id)
             .arg(format!("{}|{join}", self.id))
             .arg(millis(self.options.lease_ttl))
-            .arg(self.lease.epoch());
+            .arg(epoch)
+            .arg(slot_count);
         let answer: Vec<Value> =
             invocation.invoke_async(&mut conn).await.map_err(self.redis_error("join a worker"))?;
         let (status, detail) = super::dispatch::status(&answer, "join")?;
@@ -277,6 +292,7 @@ impl Core {
             "joined" => {
                 self.lease.extend(sent, self.options.lease_ttl);
                 self.lease.joined(id);
+                self.catch_up(&detail).await;
                 Ok(())
             }
             "shutdown" => Err(Error::ShuttingDown(keys.pool.clone())),
@@ -287,14 +303,17 @@ impl Core {
 
     /// Workers `ids` give up their slots, in one step: no new job is
     /// routed to them while they hand their jobs back (they stay members,
-    /// with their leases; they leave for good by [`Core::evict`]).
+    /// with their leases; they leave for good by [`Core::evict`]). Returns
+    /// once this node's replica of the slot table shows the change (or
+    /// after a few seconds regardless).
     pub(crate) async fn release_slots(&self, ids: &[String]) -> Result<()> {
         let mut conn = self.conn.clone();
         let mut invocation = self.membership_script(&scripts::RELEASE_SLOT);
         for id in ids {
             invocation.arg(id);
         }
-        let _: i64 = invocation.invoke_async(&mut conn).await.map_err(self.redis_error("release a slot"))?;
+        let rev: u64 = invocation.invoke_async(&mut conn).await.map_err(self.redis_error("release slots"))?;
+        self.catch_up(&rev.to_string()).await;
         Ok(())
     }
 
@@ -381,13 +400,14 @@ impl Core {
     async fn epoch_changed(&self) -> Result<()> {
         let epoch =
             ensure_epoch(&self.conn, &self.keys.epoch).await.map_err(self.redis_error("read the epoch"))?;
+        let slot_count = checked_slot_count(&self.keys.pool, &epoch)?;
         tracing::error!(
             pool = %self.keys.pool,
             was = %self.lease.epoch(),
             now = %epoch,
             "Redis lost the pool's data (its epoch changed); this node's workers join again"
         );
-        self.lease.adopt_epoch(epoch);
+        self.lease.adopt_epoch(epoch, slot_count);
         // Answers are written only to a reply stream that exists.
         let mut conn = self.conn.clone();
         let recreated: redis::RedisResult<()> = redis::pipe()
@@ -447,16 +467,23 @@ impl Core {
     }
 }
 
-/// Reads the pool epoch, creating it first if Redis has none.
+/// Reads the pool epoch, creating it first if Redis has none: random, and
+/// the slot count of the pool's table ([`VIRTUAL_SLOTS`]).
 pub(crate) async fn ensure_epoch(
     conn: &redis::aio::ConnectionManager,
     key: &str,
 ) -> redis::RedisResult<String> {
     let mut conn = conn.clone();
-    let candidate = format!("{:016x}", fastrand::u64(..));
+    let candidate = format!("{:016x}:{VIRTUAL_SLOTS}", fastrand::u64(..));
     let (epoch,): (String,) =
         redis::pipe().set_nx(key, &candidate).ignore().get(key).query_async(&mut conn).await?;
     Ok(epoch)
+}
+
+/// The slot count recorded in pool epoch `epoch`, or the error of a pool
+/// this version cannot route for.
+pub(crate) fn checked_slot_count(pool: &str, epoch: &str) -> Result<u32> {
+    slot_count(epoch).ok_or_else(|| Error::IncompatiblePool { pool: pool.to_owned(), epoch: epoch.to_owned() })
 }
 
 /// The epoch given to a replicated map's hash if a script creates it.

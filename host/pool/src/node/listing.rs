@@ -29,8 +29,8 @@ pub struct WorkerInfo {
     pub node: String,
     /// Its join number (order of joining the pool).
     pub join: u64,
-    /// Its slot in the slot table, if it holds one.
-    pub slot: Option<u32>,
+    /// How many slots of the slot table it holds (0 while it leaves).
+    pub slots: u32,
     /// How many jobs it owns.
     pub jobs: u64,
 }
@@ -106,6 +106,12 @@ impl Node {
         let (total, queued, owned): (u64, u64, u64) =
             invocation.invoke_async(&mut conn).await.map_err(self.core.redis_error("count jobs"))?;
         Ok(JobCounts { running: owned, queued, failed: total.saturating_sub(queued + owned) })
+    }
+
+    /// The worker `key` routes to now by this node's replica of the slot
+    /// table; `None` when no worker holds its slot (none is a member).
+    pub fn owner(&self, key: &str) -> Option<String> {
+        Some(self.core.route(key).1).filter(|worker| !worker.is_empty())
     }
 
     /// The pool's workers, by join number.
@@ -334,14 +340,16 @@ async fn workers_of<C: ConnectionLike + Send>(
     slots: HashMap<String, String>,
     workers: HashMap<String, String>,
 ) -> Result<Vec<WorkerInfo>> {
-    let slots: HashMap<String, u32> =
-        slots.into_iter().filter_map(|(slot, worker)| Some((worker, slot.parse().ok()?))).collect();
+    let mut held: HashMap<String, u32> = HashMap::new();
+    for worker in slots.into_values() {
+        *held.entry(worker).or_default() += 1;
+    }
     let mut workers: Vec<WorkerInfo> = workers
         .into_iter()
         .filter_map(|(id, value)| {
             let (node, join) = value.split_once('|')?;
             Some(WorkerInfo {
-                slot: slots.get(&id).copied(),
+                slots: held.get(&id).copied().unwrap_or(0),
                 node: node.to_owned(),
                 join: join.parse().ok()?,
                 id,

@@ -1,9 +1,11 @@
 //! Workers joining and leaving the slot table, and assigning queued jobs.
 //!
-//! The slot table is a replicated map, slot index -> worker id. A joining
-//! worker appends a slot; a leaving one is replaced by the last slot's
-//! worker (swap-remove), so with Jump Consistent Hash a join moves about
-//! 1/(n+1) of the keys and a leave about 2/n.
+//! The slot table is a replicated map, slot index -> worker id, of a fixed
+//! number of slots (the pool's, recorded in its epoch). A joining worker
+//! takes its share from the most loaded workers; a leaving one's slots go
+//! to the least loaded (the scripts' `take_slots` and `give_up_slots`). So
+//! a join moves about 1/(n+1) of the keys, a leave exactly the leaver's,
+//! and no change moves a key between two workers that stay.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -44,8 +46,7 @@ impl Node {
             return Err(error);
         }
         self.lock_workers().insert(id.clone(), handle);
-        core.slots.wait_until(SETTLE, |slots| slots.snapshot().values().any(|w| *w == id)).await;
-        tracing::info!(worker = %id, slots = core.slots.len(), "worker joined");
+        tracing::info!(worker = %id, "worker joined");
         core.assign_queued().await?;
         Ok(id)
     }
@@ -95,7 +96,6 @@ impl Node {
         let core = &self.core;
         let removed: Vec<String> = handles.iter().map(|(id, _)| id.clone()).collect();
         core.release_slots(&removed).await?;
-        core.slots.wait_until(SETTLE, |slots| !slots.snapshot().values().any(|w| removed.contains(w))).await;
         futures_util::future::join_all(handles.into_iter().map(|(id, handle)| async move {
             handle.leave().await;
             // Leaving for good is an eviction: anything the worker still

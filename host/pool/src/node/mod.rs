@@ -235,6 +235,7 @@ impl Node {
             }
         }
         let epoch = lease::ensure_epoch(&conn, &keys.epoch).await.map_err(redis_error("read the epoch"))?;
+        let slot_count = lease::checked_slot_count(pool, &epoch)?;
         let slots = Map::join(client, SLOTS_MAP, MapOptions::default().hash_tag(pool)).await?;
         let workers = Map::join(client, WORKERS_MAP, MapOptions::default().hash_tag(pool)).await?;
         let id = format!("n{}-{:06x}", std::process::id(), fastrand::u32(..0xff_ffff));
@@ -248,7 +249,7 @@ impl Node {
             slots,
             workers,
             waiters: replies::Waiters::default(),
-            lease: lease::Lease::new(epoch),
+            lease: lease::Lease::new(epoch, slot_count),
             metrics: crate::metrics::PoolMetrics::new(pool),
             next_request: AtomicU64::new(0),
             routing_retries: AtomicU64::new(0),

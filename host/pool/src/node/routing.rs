@@ -19,16 +19,13 @@ impl Core {
     /// there is no worker).
     pub(crate) fn route(&self, key: &str) -> (u64, String) {
         let slots = &self.slots;
+        let slot = slot_of(key, self.lease.slot_count()).to_string();
         loop {
             let rev = slots.revision();
-            let count = u32::try_from(slots.len()).unwrap_or(u32::MAX);
-            if count == 0 {
-                return (rev, String::new());
-            }
-            let worker = slots.get(&slot_of(key, count).to_string());
+            let worker = slots.get(&slot);
             // The same revision before and after: a consistent view. A slot
-            // with no worker (a table being repaired) routes nowhere: the job
-            // waits, queued, until a worker is assigned it.
+            // with no worker (no worker is a member) routes nowhere: the
+            // job waits, queued, until a worker joins.
             if slots.revision() == rev {
                 return (rev, worker.unwrap_or_default());
             }

@@ -1,6 +1,6 @@
 //! Dispatch: routing, outcomes, unique keys, queued jobs, failures.
 
-use pulse_pool::hash::slot_of;
+use pulse_pool::hash::{VIRTUAL_SLOTS, slot_of};
 use pulse_pool::{DispatchOutcome, Error, JobState, Node};
 use pulse_testkit::unique;
 
@@ -14,12 +14,12 @@ async fn every_job_starts_on_the_worker_its_key_routes_to() {
     for i in 0..200 {
         assert_eq!(node.dispatch(&format!("job-{i}"), b"x").await.unwrap(), DispatchOutcome::Started);
     }
-    let by_slot: std::collections::HashMap<u32, String> =
-        node.workers().await.unwrap().into_iter().map(|w| (w.slot.unwrap(), w.id)).collect();
-    assert_eq!(by_slot.len(), 4);
+    let table = crate::membership::slot_table(&pool).await;
+    crate::membership::assert_balanced(&table, 4);
     for call in calls.all() {
         let Call::Start { worker, key, .. } = call else { panic!("only starts expected") };
-        assert_eq!(worker, by_slot[&slot_of(&key, 4)], "{key} runs where its key routes");
+        assert_eq!(worker, table[&slot_of(&key, VIRTUAL_SLOTS)], "{key} runs where its key routes");
+        assert_eq!(node.owner(&key), Some(worker), "the node routes {key} by the same table");
     }
     let listed = node.jobs().await.unwrap();
     assert_eq!(listed.len(), 200);

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use pulse_pool::hash::slot_of;
+use pulse_pool::hash::{VIRTUAL_SLOTS, slot_of};
 use pulse_pool::{DispatchOutcome, EventOutcome, Node};
 use pulse_testkit::unique;
 
@@ -28,15 +28,45 @@ pub fn placement_of(calls: &[Call]) -> HashMap<String, String> {
     running
 }
 
+/// The pool's slot table as Redis holds it: slot -> worker.
+pub async fn slot_table(pool: &str) -> HashMap<u32, String> {
+    let mut conn = crate::client().get_multiplexed_async_connection().await.unwrap();
+    let fields: HashMap<String, String> =
+        redis::cmd("HGETALL").arg(format!("pulse:{{{pool}}}:map:slots")).query_async(&mut conn).await.unwrap();
+    fields.into_iter().filter_map(|(slot, worker)| Some((slot.parse().ok()?, worker))).collect()
+}
+
+/// Where each of `keys` routes by `table`: its slot's worker.
+pub fn routes_by(table: &HashMap<u32, String>, keys: impl Iterator<Item = String>) -> HashMap<String, String> {
+    keys.map(|key| {
+        let worker = table[&slot_of(&key, VIRTUAL_SLOTS)].clone();
+        (key, worker)
+    })
+    .collect()
+}
+
+/// Checks that every slot has a worker and every worker holding slots
+/// holds floor(S/N) or ceil(S/N) of them; returns slots per worker.
+pub fn assert_balanced(table: &HashMap<u32, String>, workers: usize) -> HashMap<String, u32> {
+    assert_eq!(table.len(), VIRTUAL_SLOTS as usize, "every slot has a worker");
+    let mut held: HashMap<String, u32> = HashMap::new();
+    for worker in table.values() {
+        *held.entry(worker.clone()).or_default() += 1;
+    }
+    assert_eq!(held.len(), workers, "{held:?}");
+    let n = u32::try_from(workers).unwrap();
+    let (low, high) = (VIRTUAL_SLOTS / n, VIRTUAL_SLOTS.div_ceil(n));
+    assert!(held.values().all(|count| (low..=high).contains(count)), "{held:?} is not within {low}..={high}");
+    held
+}
+
 /// Waits until every job runs, once, on the worker its key routes to.
 async fn assert_placed(node: &Node, calls: &Calls, jobs: usize) {
-    let workers = node.workers().await.unwrap();
-    let slots = u32::try_from(workers.len()).unwrap();
-    let by_slot: HashMap<u32, String> = workers.into_iter().map(|w| (w.slot.unwrap(), w.id)).collect();
+    let table = slot_table(node.pool()).await;
     let placed = |calls: &[Call]| {
         let placement = placement_of(calls);
         placement.len() == jobs
-            && placement.iter().all(|(key, worker)| *worker == by_slot[&slot_of(key, slots)])
+            && placement.iter().all(|(key, worker)| *worker == table[&slot_of(key, VIRTUAL_SLOTS)])
     };
     calls.wait_until("every job sits on its slot's worker", placed).await;
     // Settled: every job is also running (not moving or queued) in Redis,
@@ -189,21 +219,8 @@ pub fn assert_no_overlap(calls: &[Call]) {
     }
 }
 
-/// Where each job's key routes by the pool's slot table now.
-async fn routes(node: &Node, keys: impl Iterator<Item = String>) -> HashMap<String, String> {
-    // A worker that just left may still be listed, without a slot.
-    let by_slot: HashMap<u32, String> =
-        node.workers().await.unwrap().into_iter().filter_map(|w| Some((w.slot?, w.id))).collect();
-    let count = u32::try_from(by_slot.len()).unwrap();
-    keys.map(|key| {
-        let worker = by_slot[&slot_of(&key, count)].clone();
-        (key, worker)
-    })
-    .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_join_and_a_leave_move_exactly_the_jobs_whose_slot_owner_changed() {
+async fn a_join_moves_a_fifth_to_the_new_worker_and_a_leave_moves_exactly_the_leavers_jobs() {
     const JOBS: usize = 1_000;
     let pool = unique("rebalance");
     let calls = Calls::default();
@@ -226,27 +243,37 @@ async fn a_join_and_a_leave_move_exactly_the_jobs_whose_slot_owner_changed() {
         }
     });
 
-    for (step, share) in [(0, 1.0 / 5.0), (1, 2.0 / 5.0)] {
+    assert_balanced(&slot_table(&pool).await, 4);
+    for step in ["join", "leave"] {
         let before = placement_of(&calls.all());
-        if step == 0 {
-            node.add_worker(Recording::new(&calls)).await.unwrap();
+        let (new, workers) = if step == "join" {
+            (Some(node.add_worker(Recording::new(&calls)).await.unwrap()), 5)
         } else {
             // The first worker: Go Pulse would move almost every job.
             node.remove_worker("w1").await.unwrap();
-        }
-        let routed = routes(&node, before.keys().cloned()).await;
+            (None, 4)
+        };
+        let table = slot_table(&pool).await;
+        let held = assert_balanced(&table, workers);
+        let routed = routes_by(&table, before.keys().cloned());
         assert_placed(&node, &calls, JOBS).await;
         let after = placement_of(&calls.all());
         let moved: Vec<&String> = before.keys().filter(|key| before[*key] != after[*key]).collect();
         let owner_changed: Vec<&String> = before.keys().filter(|key| before[*key] != routed[*key]).collect();
-        assert_eq!(moved.len(), owner_changed.len(), "step {step}: moved jobs differ from changed owners");
-        assert!(moved.iter().all(|key| routed[*key] == after[*key]), "step {step}");
+        assert_eq!(moved, owner_changed, "{step}: the jobs that moved are those whose slot changed owner");
+        assert!(moved.iter().all(|key| routed[*key] == after[*key]), "{step}");
+        if let Some(new) = &new {
+            // Every job that moved went to the new worker: none moved
+            // between two workers that stay.
+            assert!(moved.iter().all(|key| after[*key] == *new), "join: a job moved between old workers");
+            assert_eq!(held[new], VIRTUAL_SLOTS / 5, "the new worker holds a fifth of the slots");
+        } else {
+            let leavers: Vec<&String> = before.keys().filter(|key| before[*key] == "w1").collect();
+            assert_eq!(moved, leavers, "leave: exactly the leaver's jobs moved");
+        }
         let ratio = moved.len() as f64 / JOBS as f64;
-        eprintln!(
-            "step {step}: {} of {JOBS} jobs moved ({ratio:.3}; expected about {share:.3})",
-            moved.len()
-        );
-        assert!((ratio - share).abs() < 0.1, "step {step}: moved {ratio:.3}, expected about {share:.3}");
+        eprintln!("{step}: {} of {JOBS} jobs moved ({ratio:.3}; expected about 0.2)", moved.len());
+        assert!((ratio - 0.2).abs() < 0.1, "{step}: moved {ratio:.3}, expected about 0.2");
     }
     notifier.await.unwrap();
 
@@ -330,4 +357,25 @@ async fn a_pool_shutdown_stops_every_job_everywhere_and_leaves_nothing() {
     second.close().await;
     let mut conn = pulse_testkit::connect(pulse_testkit::shared_redis_url()).await;
     pulse_testkit::assert_no_keys(&mut conn, &pool).await;
+}
+
+#[tokio::test]
+async fn a_pool_of_one_slot_per_worker_is_refused_with_what_to_do() {
+    let pool = unique("old_table");
+    let mut conn = pulse_testkit::connect(pulse_testkit::shared_redis_url()).await;
+    let epoch = format!("pulse:{{{pool}}}:epoch");
+    // The epoch an earlier version writes: no slot count.
+    redis::cmd("SET").arg(&epoch).arg("3f2a9c0d11e4b7a2").exec_async(&mut conn).await.unwrap();
+    for client_only in [false, true] {
+        let joined = if client_only {
+            Node::client(&crate::client(), &pool, crate::options()).await
+        } else {
+            Node::join(&crate::client(), &pool, crate::options()).await
+        };
+        let Err(error) = joined else { panic!("a node joined a pool it routes differently") };
+        assert!(matches!(error, pulse_pool::Error::IncompatiblePool { .. }), "{error:?}");
+        let message = error.to_string();
+        assert!(message.contains("earlier version") && message.contains("pulse-host shutdown"), "{message}");
+    }
+    redis::cmd("DEL").arg(&epoch).exec_async(&mut conn).await.unwrap();
 }

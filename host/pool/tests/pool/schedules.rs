@@ -211,7 +211,7 @@ async fn a_ticker_waits_while_its_pool_is_gone_and_starts_over_once_it_is_back()
     let mut conn = pulse_testkit::connect(pulse_testkit::shared_redis_url()).await;
     let epoch = format!("pulse:{{{pool}}}:epoch");
     let tickers = format!("pulse:{{{pool}}}:tickers");
-    redis::cmd("SET").arg(&epoch).arg("before").exec_async(&mut conn).await.unwrap();
+    redis::cmd("SET").arg(&epoch).arg("before:4096").exec_async(&mut conn).await.unwrap();
     let node = pulse_pool::Node::client(&client(), &pool, options()).await.unwrap();
     let mut ticker = node.ticker("t", Duration::from_millis(50)).await.unwrap();
     assert!(within(&mut ticker).await.is_some());
@@ -223,7 +223,7 @@ async fn a_ticker_waits_while_its_pool_is_gone_and_starts_over_once_it_is_back()
     let exists: bool = redis::cmd("EXISTS").arg(&tickers).query_async(&mut conn).await.unwrap();
     assert!(!exists, "the entry was recreated while the pool was gone");
     // ...until the pool exists again: then it starts over.
-    redis::cmd("SET").arg(&epoch).arg("after").exec_async(&mut conn).await.unwrap();
+    redis::cmd("SET").arg(&epoch).arg("after:4096").exec_async(&mut conn).await.unwrap();
     let mut seqs = Vec::new();
     while seqs.len() < 3 {
         seqs.push(within(&mut ticker).await.expect("the ticker ended after data loss").seq);
