@@ -163,6 +163,8 @@ fn a_killed_host_s_jobs_run_on_the_other_host_once_it_rejoins_they_spread_and_a_
     assert_eq!(code, 0, "{out}");
     let (_, workers) = cli(&config, redis, &["workers", "--pool", "echo", "--json"]);
     let workers: serde_json::Value = serde_json::from_str(&workers).unwrap();
+    let slots: Vec<u64> = workers.as_array().unwrap().iter().map(|w| w["slots"].as_u64().unwrap()).collect();
+    assert_eq!(slots, [1024; 4], "four workers share the 4,096 virtual slots evenly");
     let first_two: Vec<String> =
         workers.as_array().unwrap().iter().take(2).map(|w| w["id"].as_str().unwrap().to_owned()).collect();
     let listed = jobs(&config, redis, "echo");
