@@ -28,7 +28,9 @@
 //!   the survivor (`listed_ms`), lost and duplicated jobs.
 //! - `rebalance`: 4 workers run 1,000 jobs; a fifth joins, then the first
 //!   leaves: time to settle, jobs moved vs expected, misplaced after
-//!   settling, most and fewest jobs per worker.
+//!   settling, most and fewest jobs and slots per worker. Then a host of
+//!   two workers is killed beside another: the survivor's own jobs started
+//!   again (`survivors_moved`, target 0).
 //! - `ticker`: three processes hold one ticker (100 ms); the one that fired
 //!   last is killed with SIGKILL: ticks fired twice, missed, how late, and
 //!   the gap across the kill.
