@@ -221,20 +221,53 @@ async fn placement(node: &Node) -> BenchResult<(BTreeMap<String, u32>, HashMap<S
     Ok((slots, jobs))
 }
 
+/// Two processes of 2 counting workers each on a private Redis, the
+/// first (to be killed) joined first.
+struct TwoHosts {
+    url: String,
+    doomed: Process,
+    survivor: Process,
+    _server: pulse_testkit::RedisServer,
+}
+
+impl TwoHosts {
+    fn start(pool: &str) -> BenchResult<Self> {
+        let server = pulse_testkit::RedisServer::start();
+        let url = server.url().to_owned();
+        let doomed = Process::spawn(&url, pool, 2)?;
+        let survivor = Process::spawn(&url, pool, 2)?;
+        Ok(Self { url, doomed, survivor, _server: server })
+    }
+
+    /// A client-only node and a connection, once `jobs` jobs run.
+    async fn dispatch(
+        &self,
+        pool: &str,
+        jobs: usize,
+    ) -> BenchResult<(Arc<Node>, redis::aio::MultiplexedConnection)> {
+        let client = redis::Client::open(self.url.as_str())?;
+        let node = Arc::new(Node::client(&client, pool, options()).await?);
+        let conn = client.get_multiplexed_async_connection().await?;
+        dispatch_all(&node, jobs).await?;
+        Ok((node, conn))
+    }
+
+    /// Kills the first process with SIGKILL.
+    fn kill_doomed(&mut self) -> BenchResult {
+        self.doomed.0.kill()?;
+        self.doomed.0.wait()?;
+        Ok(())
+    }
+}
+
 pub fn failover(args: &Args) -> BenchResult {
     let jobs = args.jobs.unwrap_or(if args.quick { 200 } else { JOBS });
-    let server = pulse_testkit::RedisServer::start();
-    let url = server.url().to_owned();
     let pool = "failover";
-    let mut doomed = Process::spawn(&url, pool, 2)?;
-    let survivor = Process::spawn(&url, pool, 2)?;
+    let mut hosts = TwoHosts::start(pool)?;
     let tokio = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     tokio.block_on(async {
-        let client = redis::Client::open(url.as_str())?;
-        let node = Arc::new(Node::client(&client, pool, options()).await?);
-        let mut conn = client.get_multiplexed_async_connection().await?;
-        dispatch_all(&node, jobs).await?;
-        let doomed_pid = doomed.0.id();
+        let (node, mut conn) = hosts.dispatch(pool, jobs).await?;
+        let doomed_pid = hosts.doomed.0.id();
         let doomed_runs = runs(&mut conn, pool, doomed_pid).await?;
         let on_doomed = doomed_runs.values().filter(|n| **n > 0).count();
         // The killed process's workers: those its jobs are listed on.
@@ -246,11 +279,10 @@ pub fn failover(args: &Args) -> BenchResult {
             .collect();
         let killed = Instant::now();
         let killed_ms = unix_ms();
-        doomed.0.kill()?;
-        doomed.0.wait()?;
+        hosts.kill_doomed()?;
         // Until every job has exactly one run on the survivor, and the
         // listing shows every job running there.
-        let survivor_pid = survivor.0.id();
+        let survivor_pid = hosts.survivor.0.id();
         let deadline = killed + PATIENCE;
         let (mut recovered, mut listed) = (None, None);
         let (lost, duplicated) = loop {
@@ -285,11 +317,9 @@ pub fn failover(args: &Args) -> BenchResult {
             .field("lost", lost)
             .field("duplicated", duplicated)
             .print();
-        node.shutdown(PATIENCE).await?;
-        node.close().await;
-        Ok::<_, Box<dyn std::error::Error>>(())
+        finish(&node).await
     })?;
-    drop(survivor);
+    drop(hosts);
     Ok(())
 }
 
@@ -335,23 +365,17 @@ pub fn rebalance(args: &Args) -> BenchResult {
             for worker in after.values() {
                 *per_worker.entry(worker).or_default() += 1;
             }
-            report::Result::new("rebalance")
+            let line = report::Result::new("rebalance")
                 .field("change", change)
                 .field("jobs", jobs)
                 .field("workers_after", slots.len())
                 .millis("settle_ms", settled)
                 .field("moved", moved)
                 .field("expected_moves", expected)
-                .field("misplaced", misplaced)
-                .field("max_per_worker", per_worker.values().max().copied().unwrap_or(0))
-                .field("min_per_worker", per_worker.values().min().copied().unwrap_or(0))
-                .field("max_slots", slots.values().max().copied().unwrap_or(0))
-                .field("min_slots", slots.values().min().copied().unwrap_or(0))
-                .print();
+                .field("misplaced", misplaced);
+            spread(line, per_worker.values().copied(), &slots).print();
         }
-        node.shutdown(PATIENCE).await?;
-        node.close().await;
-        Ok::<_, Box<dyn std::error::Error>>(())
+        finish(&node).await
     })?;
     kill_host(jobs)
 }
@@ -361,18 +385,12 @@ pub fn rebalance(args: &Args) -> BenchResult {
 /// survivor's own jobs should not move at all (`survivors_moved`), and the
 /// killed process's jobs should each start once on the survivor.
 fn kill_host(jobs: usize) -> BenchResult {
-    let server = pulse_testkit::RedisServer::start();
-    let url = server.url().to_owned();
     let pool = "rebalance-kill";
-    let mut doomed = Process::spawn(&url, pool, 2)?;
-    let survivor = Process::spawn(&url, pool, 2)?;
+    let mut hosts = TwoHosts::start(pool)?;
     let tokio = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     tokio.block_on(async {
-        let client = redis::Client::open(url.as_str())?;
-        let node = Arc::new(Node::client(&client, pool, options()).await?);
-        let mut conn = client.get_multiplexed_async_connection().await?;
-        dispatch_all(&node, jobs).await?;
-        let (doomed_pid, survivor_pid) = (doomed.0.id(), survivor.0.id());
+        let (node, mut conn) = hosts.dispatch(pool, jobs).await?;
+        let (doomed_pid, survivor_pid) = (hosts.doomed.0.id(), hosts.survivor.0.id());
         let live_keys = |runs: HashMap<String, i64>| -> HashSet<String> {
             runs.into_iter().filter(|(_, n)| *n > 0).map(|(key, _)| key).collect()
         };
@@ -382,8 +400,7 @@ fn kill_host(jobs: usize) -> BenchResult {
         let dead: HashSet<String> = on_doomed.iter().filter_map(|key| placed.get(key).cloned()).collect();
         let starts_before = starts_of(&mut conn, pool, survivor_pid).await?;
         let killed = Instant::now();
-        doomed.0.kill()?;
-        doomed.0.wait()?;
+        hosts.kill_doomed()?;
         let deadline = killed + PATIENCE;
         let settled = loop {
             let live = runs(&mut conn, pool, survivor_pid).await?;
@@ -404,7 +421,7 @@ fn kill_host(jobs: usize) -> BenchResult {
         for (_, worker) in placed {
             *per_worker.entry(worker).or_default() += 1;
         }
-        report::Result::new("rebalance")
+        let line = report::Result::new("rebalance")
             .field("change", "kill-host")
             .field("jobs", jobs)
             .field("workers_after", per_worker.len())
@@ -412,18 +429,31 @@ fn kill_host(jobs: usize) -> BenchResult {
             .field("moved", moved)
             .field("expected_moves", on_doomed.len())
             .field("survivors_moved", survivors_moved)
-            .field("survivor_jobs", on_survivor.len())
-            .field("max_per_worker", per_worker.values().max().copied().unwrap_or(0))
-            .field("min_per_worker", per_worker.values().min().copied().unwrap_or(0))
-            .field("max_slots", slots.values().max().copied().unwrap_or(0))
-            .field("min_slots", slots.values().min().copied().unwrap_or(0))
-            .print();
-        node.shutdown(PATIENCE).await?;
-        node.close().await;
-        Ok::<_, Box<dyn std::error::Error>>(())
+            .field("survivor_jobs", on_survivor.len());
+        spread(line, per_worker.values().copied(), &slots).print();
+        finish(&node).await
     })?;
-    drop(survivor);
+    drop(hosts);
     Ok(())
+}
+
+/// Shuts the scenario's pool down and closes its node.
+async fn finish(node: &Node) -> BenchResult {
+    node.shutdown(PATIENCE).await?;
+    node.close().await;
+    Ok(())
+}
+
+/// `line` with the most and fewest jobs and slots a worker has.
+fn spread(
+    line: report::Result,
+    jobs_per_worker: impl Iterator<Item = usize> + Clone,
+    slots: &BTreeMap<String, u32>,
+) -> report::Result {
+    line.field("max_per_worker", jobs_per_worker.clone().max().unwrap_or(0))
+        .field("min_per_worker", jobs_per_worker.min().unwrap_or(0))
+        .field("max_slots", slots.values().max().copied().unwrap_or(0))
+        .field("min_slots", slots.values().min().copied().unwrap_or(0))
 }
 
 /// Starts per key in process `pid`.
