@@ -149,7 +149,10 @@ pub(crate) async fn dispatch_all(client: &Arc<Node>, count: usize) {
 }
 
 /// The pool's slot table as Redis holds it: slot -> worker.
-pub(crate) async fn slot_table(conn: &mut redis::aio::MultiplexedConnection, pool: &str) -> HashMap<u32, String> {
+pub(crate) async fn slot_table(
+    conn: &mut redis::aio::MultiplexedConnection,
+    pool: &str,
+) -> HashMap<u32, String> {
     let fields: HashMap<String, String> =
         redis::cmd("HGETALL").arg(format!("pulse:{{{pool}}}:map:slots")).query_async(conn).await.unwrap();
     fields.into_iter().filter_map(|(slot, worker)| Some((slot.parse().ok()?, worker))).collect()

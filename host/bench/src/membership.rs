@@ -359,8 +359,10 @@ pub fn rebalance(args: &Args) -> BenchResult {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             };
             let moved = starts(&mut conn, pool).await? - starts_before;
-            let expected = before.iter().filter(|(key, worker)| node.owner(key).as_ref() != Some(*worker)).count();
-            let misplaced = after.iter().filter(|(key, worker)| node.owner(key).as_ref() != Some(*worker)).count();
+            let expected =
+                before.iter().filter(|(key, worker)| node.owner(key).as_ref() != Some(*worker)).count();
+            let misplaced =
+                after.iter().filter(|(key, worker)| node.owner(key).as_ref() != Some(*worker)).count();
             let mut per_worker: HashMap<&str, usize> = slots.keys().map(|w| (w.as_str(), 0)).collect();
             for worker in after.values() {
                 *per_worker.entry(worker).or_default() += 1;

@@ -142,9 +142,15 @@ mod tests {
         );
         let remove = Change::parse(b"6:remove,1:e,1:2,1:k,8:1:a,1:b,,").unwrap();
         assert_eq!(remove.op, Op::Remove { key: "k".into(), items: vec!["a".into(), "b".into()] });
-        for bad in
-            [&b""[..], b"3:set,", b"3:set,1:e,1:x,1:k,1:v,", b"5:reset,1:e,1:1,1:k,", b"4:nope,1:e,1:1,", b"4:mset,1:e,1:1,", b"4:mset,1:e,1:1,1:k,"]
-        {
+        for bad in [
+            &b""[..],
+            b"3:set,",
+            b"3:set,1:e,1:x,1:k,1:v,",
+            b"5:reset,1:e,1:1,1:k,",
+            b"4:nope,1:e,1:1,",
+            b"4:mset,1:e,1:1,",
+            b"4:mset,1:e,1:1,1:k,",
+        ] {
             assert_eq!(Change::parse(bad), None, "{}", String::from_utf8_lossy(bad));
         }
     }

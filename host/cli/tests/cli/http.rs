@@ -348,7 +348,8 @@ async fn every_route_answers_its_outcomes_without_a_token() {
         (workers["workers"].as_array().unwrap().len(), jobs, workers["nodes"].as_array().unwrap().len()),
         (2, 42, 1)
     );
-    let slots: Vec<u64> = workers["workers"].as_array().unwrap().iter().map(|w| w["slots"].as_u64().unwrap()).collect();
+    let slots: Vec<u64> =
+        workers["workers"].as_array().unwrap().iter().map(|w| w["slots"].as_u64().unwrap()).collect();
     assert_eq!(slots, [2048, 2048], "each worker holds half of the 4,096 virtual slots");
 
     // Metrics parse, and their counters move.

@@ -483,7 +483,8 @@ pub(crate) async fn ensure_epoch(
 /// The slot count recorded in pool epoch `epoch`, or the error of a pool
 /// this version cannot route for.
 pub(crate) fn checked_slot_count(pool: &str, epoch: &str) -> Result<u32> {
-    slot_count(epoch).ok_or_else(|| Error::IncompatiblePool { pool: pool.to_owned(), epoch: epoch.to_owned() })
+    slot_count(epoch)
+        .ok_or_else(|| Error::IncompatiblePool { pool: pool.to_owned(), epoch: epoch.to_owned() })
 }
 
 /// The epoch given to a replicated map's hash if a script creates it.

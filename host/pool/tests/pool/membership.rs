@@ -31,13 +31,19 @@ pub fn placement_of(calls: &[Call]) -> HashMap<String, String> {
 /// The pool's slot table as Redis holds it: slot -> worker.
 pub async fn slot_table(pool: &str) -> HashMap<u32, String> {
     let mut conn = crate::client().get_multiplexed_async_connection().await.unwrap();
-    let fields: HashMap<String, String> =
-        redis::cmd("HGETALL").arg(format!("pulse:{{{pool}}}:map:slots")).query_async(&mut conn).await.unwrap();
+    let fields: HashMap<String, String> = redis::cmd("HGETALL")
+        .arg(format!("pulse:{{{pool}}}:map:slots"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     fields.into_iter().filter_map(|(slot, worker)| Some((slot.parse().ok()?, worker))).collect()
 }
 
 /// Where each of `keys` routes by `table`: its slot's worker.
-pub fn routes_by(table: &HashMap<u32, String>, keys: impl Iterator<Item = String>) -> HashMap<String, String> {
+pub fn routes_by(
+    table: &HashMap<u32, String>,
+    keys: impl Iterator<Item = String>,
+) -> HashMap<String, String> {
     keys.map(|key| {
         let worker = table[&slot_of(&key, VIRTUAL_SLOTS)].clone();
         (key, worker)

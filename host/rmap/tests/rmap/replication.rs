@@ -132,7 +132,8 @@ async fn many_keys_set_at_once_are_one_revision_and_one_event() {
     writer.set_many(&[]).await.unwrap();
     let expected_set = Some(MapEvent::Set { key: "a".into(), value: "before".into() });
     assert_eq!(tokio::time::timeout(PATIENCE, events.recv()).await.unwrap(), expected_set);
-    let Some(MapEvent::SetMany { entries: heard }) = tokio::time::timeout(PATIENCE, events.recv()).await.unwrap()
+    let Some(MapEvent::SetMany { entries: heard }) =
+        tokio::time::timeout(PATIENCE, events.recv()).await.unwrap()
     else {
         panic!("not one SetMany event");
     };
