@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
-use crate::node::{Core, WorkerFence};
+use crate::core::{Core, WorkerFence};
 use crate::scripts;
 
 /// Why the pool refused a handler's request.

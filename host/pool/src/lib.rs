@@ -29,12 +29,14 @@
 #![warn(missing_docs)]
 
 mod context;
+mod core;
 mod error;
 pub mod hash;
 mod job;
 mod keys;
 mod metrics;
 mod node;
+mod options;
 mod schedule;
 mod scripts;
 mod ticker;
@@ -44,6 +46,7 @@ mod worker;
 pub use context::{ContextError, JobContext};
 pub use error::{Error, Result};
 pub use job::{DispatchOutcome, EventOutcome, HandlerError, Job, JobHandler, JobInfo, JobState};
-pub use node::{JobCounts, Node, NodeInfo, NodeOptions, PoolView, WorkerInfo};
+pub use node::{JobCounts, Node, NodeInfo, PoolView, WorkerInfo};
+pub use options::NodeOptions;
 pub use schedule::{Applied, JobProducer, Plan, ProducerError, Schedule};
 pub use ticker::{Tick, Ticker};

@@ -14,9 +14,10 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
+use crate::core::Core;
 use crate::error::{Error, Result};
 use crate::keys;
-use crate::node::{Core, Node};
+use crate::node::Node;
 use crate::scripts;
 
 /// Wait before asking again after a Redis error.

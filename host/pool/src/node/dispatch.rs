@@ -3,7 +3,7 @@
 use redis::Value;
 
 use super::Node;
-use super::replies::Answer;
+use crate::core::{Answer, protocol, status};
 use crate::error::{Error, Result};
 use crate::job::{DispatchOutcome, EventOutcome, JobState};
 use crate::scripts;
@@ -218,22 +218,4 @@ impl Node {
         }
         Ok(())
     }
-}
-
-/// The status word and optional detail of a script's answer.
-pub(super) fn status(answer: &[Value], op: &'static str) -> Result<(String, String)> {
-    let text = |value: Option<&Value>| -> Option<String> {
-        match value? {
-            Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
-            Value::SimpleString(text) => Some(text.clone()),
-            Value::Int(n) => Some(n.to_string()),
-            _ => None,
-        }
-    };
-    let status = text(answer.first()).ok_or_else(|| protocol(op, &format!("{answer:?}")))?;
-    Ok((status, text(answer.get(1)).unwrap_or_default()))
-}
-
-fn protocol(op: &'static str, answer: &str) -> Error {
-    Error::Protocol { op, answer: answer.to_owned() }
 }

@@ -1,25 +1,22 @@
-//! [`Node`]: a process's membership in a pool.
+//! [`Node`]: a process's membership in a pool, the top of the pool's
+//! layers: it owns the [`Core`] (in `crate::core`) its workers share and
+//! the workers (`crate::worker`); neither imports this module.
 //!
 //! # Layout
-//! - this file: [`Node`], [`NodeOptions`], the shared [`Core`], join and close.
+//! - this file: [`Node`], join and close.
 //! - `dispatch`: dispatch, stop, notify, retry, forget.
-//! - `replies`: the reply stream and the waiters registered before sending.
-//! - `membership`: workers joining and leaving the slot table; assigning
-//!   queued jobs.
-//! - `routing`: keys to workers over the slot table; assigning queued jobs.
+//! - `membership`: workers joining and leaving; the pool's shutdown.
+//! - `upkeep`: the full node's task: lease renewals, the janitor.
 //! - `listing`: jobs, workers, status.
 
 mod dispatch;
-mod lease;
 mod listing;
 mod membership;
-mod replies;
-mod routing;
+mod upkeep;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use pulse_rmap::{Map, MapOptions};
 use redis::aio::ConnectionManager;
@@ -27,133 +24,13 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
+use crate::core::{self, Core};
 use crate::error::{Error, Result};
 use crate::keys::{PoolKeys, SLOTS_MAP, WORKERS_MAP, validate_pool};
-use crate::scripts;
+use crate::options::NodeOptions;
 use crate::worker::WorkerHandle;
 
-pub(crate) use lease::{WorkerFence, tick};
 pub use listing::{JobCounts, NodeInfo, PoolView, WorkerInfo};
-
-/// Options of a node.
-///
-/// Defaults:
-/// - `max_jobs`: 0 (no limit) jobs in the pool; dispatches beyond it are
-///   answered `PoolFull` (jobs that move are exempt);
-/// - `max_key_len`: 256 bytes; `max_payload`: 1 MiB (also the limit of
-///   saved state and emitted events);
-/// - `reply_timeout`: 10 s to wait for a worker's confirmation;
-/// - `max_attempts`: 3 starts of a job whose handler answers `retryable`,
-///   `retry_backoff` 100 ms before the second, doubled each time;
-/// - `events_retention`: the pool's events stream keeps about 10,000
-///   entries, and `events_max_bytes` 64 MiB of payloads at most (older
-///   entries are trimmed);
-/// - `shutdown_timeout`: 30 s for the `stop` calls of a worker that hands
-///   jobs back (it leaves, or the slot table changed) or shuts down (16 at
-///   a time); jobs whose stop has not returned by then are handed on
-///   without waiting (their tokens move on, so their code reaches
-///   nothing);
-/// - `lease_ttl`: 10 s. A worker of a node that cannot renew its lease
-///   stops running its jobs after `lease_ttl` minus a tenth; its jobs move
-///   to other workers `lease_ttl` plus a fifth after its last renewal (the
-///   janitors wake then).
-#[derive(Debug, Clone)]
-pub struct NodeOptions {
-    /// Jobs the pool holds at most (0: no limit).
-    pub max_jobs: u64,
-    /// Longest job key, in bytes.
-    pub max_key_len: usize,
-    /// Largest payload, state or emitted event, in bytes.
-    pub max_payload: usize,
-    /// How long dispatch, stop and notify wait for the worker's answer.
-    pub reply_timeout: Duration,
-    /// Starts of a job before a retryable failure becomes final.
-    pub max_attempts: u32,
-    /// Wait before the second start; doubled for each further one.
-    pub retry_backoff: Duration,
-    /// Entries the pool's events stream keeps.
-    pub events_retention: usize,
-    /// Payload bytes the pool's events stream keeps.
-    pub events_max_bytes: u64,
-    /// How long the `stop` calls of a worker handing jobs back or shutting
-    /// down may take in all.
-    pub shutdown_timeout: Duration,
-    /// How long a worker's lease lasts without renewal (renewed every
-    /// quarter of it).
-    pub lease_ttl: Duration,
-}
-
-impl Default for NodeOptions {
-    fn default() -> Self {
-        Self {
-            max_jobs: 0,
-            max_key_len: 256,
-            max_payload: 1 << 20,
-            reply_timeout: Duration::from_secs(10),
-            max_attempts: 3,
-            retry_backoff: Duration::from_millis(100),
-            events_retention: 10_000,
-            events_max_bytes: 64 << 20,
-            shutdown_timeout: Duration::from_secs(30),
-            lease_ttl: Duration::from_secs(10),
-        }
-    }
-}
-
-/// What a node's parts share.
-pub(crate) struct Core {
-    pub(crate) id: String,
-    pub(crate) client: redis::Client,
-    pub(crate) keys: PoolKeys,
-    /// This node's reply stream key, where workers answer its requests.
-    pub(crate) replies: String,
-    pub(crate) conn: ConnectionManager,
-    pub(crate) options: NodeOptions,
-    pub(crate) slots: Map,
-    pub(crate) workers: Map,
-    pub(crate) waiters: replies::Waiters,
-    pub(crate) lease: lease::Lease,
-    pub(crate) metrics: crate::metrics::PoolMetrics,
-    next_request: AtomicU64,
-    /// Scripts refused for a stale slot table or a moved owner, retried.
-    pub(crate) routing_retries: AtomicU64,
-}
-
-impl Core {
-    pub(crate) fn redis_error(&self, op: &'static str) -> impl FnOnce(redis::RedisError) -> Error + '_ {
-        self.keys.redis_error(op)
-    }
-
-    /// A request id unique in the pool: the node's id and a counter.
-    pub(crate) fn next_request(&self) -> String {
-        format!("{}.{}", self.id, self.next_request.fetch_add(1, Ordering::Relaxed))
-    }
-
-    /// Marks a job failed, fenced by `token`; false when it is not the
-    /// worker's any more.
-    pub(crate) async fn fail(
-        &self,
-        worker: &str,
-        key: &str,
-        token: &str,
-        reason: &str,
-        attempt: u32,
-    ) -> redis::RedisResult<bool> {
-        let keys = &self.keys;
-        let mut conn = self.conn.clone();
-        let done: i64 = scripts::FAIL
-            .key(&keys.jobs)
-            .key(keys.record(key))
-            .key(keys.worker_jobs(worker))
-            .arg(key)
-            .arg(token)
-            .arg(reason)
-            .arg(attempt)
-            .invoke_async(&mut conn)
-            .await?;
-        Ok(done == 1)
-    }
-}
 
 /// The workers a node hosts, by id.
 pub(crate) type LocalWorkers = Arc<Mutex<HashMap<String, WorkerHandle>>>;
@@ -234,35 +111,22 @@ impl Node {
                 return Err(Error::ShuttingDown(pool.to_owned()));
             }
         }
-        let epoch = lease::ensure_epoch(&conn, &keys.epoch).await.map_err(redis_error("read the epoch"))?;
-        let slot_count = lease::checked_slot_count(pool, &epoch)?;
+        let epoch = core::ensure_epoch(&conn, &keys.epoch).await.map_err(redis_error("read the epoch"))?;
+        let slot_count = core::checked_slot_count(pool, &epoch)?;
         let slots = Map::join(client, SLOTS_MAP, MapOptions::default().hash_tag(pool)).await?;
         let workers = Map::join(client, WORKERS_MAP, MapOptions::default().hash_tag(pool)).await?;
         let id = format!("n{}-{:06x}", std::process::id(), fastrand::u32(..0xff_ffff));
-        let core = Arc::new(Core {
-            replies: keys.replies(&id),
-            id,
-            client: client.clone(),
-            keys,
-            conn,
-            options,
-            slots,
-            workers,
-            waiters: replies::Waiters::default(),
-            lease: lease::Lease::new(epoch, slot_count),
-            metrics: crate::metrics::PoolMetrics::new(pool),
-            next_request: AtomicU64::new(0),
-            routing_retries: AtomicU64::new(0),
-        });
+        let lease = core::Lease::new(epoch, slot_count);
+        let core = Arc::new(Core::new(id, client.clone(), keys, conn, options, (slots, workers), lease));
         let token = CancellationToken::new();
         let tasks = TaskTracker::new();
-        replies::start(&core, &token, &tasks).await?;
+        core::start_replies(&core, &token, &tasks).await?;
         let local_workers: LocalWorkers = Arc::default();
         let (stopped_tx, stopped) = tokio::sync::watch::channel(false);
         if !client_only {
             let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
             let span = tracing::info_span!("pool.lease", node = %core.id);
-            tasks.spawn(lease::run(core.clone(), token.clone(), shutdown_tx).instrument(span.clone()));
+            tasks.spawn(upkeep::run(core.clone(), token.clone(), shutdown_tx).instrument(span.clone()));
             tasks.spawn(
                 membership::on_shutdown(core.clone(), local_workers.clone(), shutdown_rx, stopped_tx)
                     .instrument(span),

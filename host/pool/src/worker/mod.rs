@@ -32,10 +32,10 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::context::{Ended, JobContext};
+use crate::core::{Core, WorkerFence};
 use crate::error::Result;
 use crate::job::{HandlerError, Job, JobHandler};
 use crate::keys::PoolKeys;
-use crate::node::{Core, WorkerFence};
 use crate::scripts;
 use crate::wire::{self, InboxEvent, Kind};
 
@@ -308,7 +308,7 @@ impl<H: JobHandler> Worker<H> {
         ended: &mut mpsc::UnboundedReceiver<Ended>,
         data_losses: &mut watch::Receiver<u64>,
     ) -> Exit {
-        let mut checks = tokio::time::interval(crate::node::tick(self.core.options.lease_ttl));
+        let mut checks = tokio::time::interval(crate::core::tick(self.core.options.lease_ttl));
         checks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         checks.reset();
         loop {

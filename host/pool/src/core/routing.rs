@@ -64,7 +64,7 @@ impl Core {
                 .invoke_async(&mut conn)
                 .await
                 .map_err(core.redis_error("assign a queued job"))?;
-            let (status, rev) = super::dispatch::status(&answer, "assign")?;
+            let (status, rev) = super::status(&answer, "assign")?;
             if status != "stale" {
                 return Ok(());
             }

@@ -1,0 +1,259 @@
+//! Membership in Redis: workers join (entry, lease, share of the slot
+//! table), give up their slots, renew their leases and are evicted; the
+//! pool epoch that tells a node Redis lost the pool's data.
+//!
+//! Every full node runs the janitor on each tick: one script evicts the
+//! workers whose leases expired more than the grace ago and queues their
+//! jobs, then queued jobs are assigned. It costs one command per node and
+//! tick when nothing expired, so every node runs it: a killed node's jobs
+//! move as soon as any node's tick sees the lease expired.
+
+use std::time::Duration;
+
+use redis::Value;
+
+use super::Core;
+use super::fence::{grace, millis};
+use crate::error::{Error, Result};
+use crate::hash::{VIRTUAL_SLOTS, slot_count};
+use crate::scripts;
+
+impl Core {
+    /// `script` with what every membership script takes first: KEYS the
+    /// slot table, the workers map and the leases; ARGV the two maps'
+    /// change channels and an epoch for a map that has none.
+    fn membership_script<'a>(&self, script: &'a redis::Script) -> redis::ScriptInvocation<'a> {
+        let mut invocation = script.key(self.slots.redis_key());
+        invocation
+            .key(self.workers.redis_key())
+            .key(&self.keys.leases)
+            .arg(self.slots.channel())
+            .arg(self.workers.channel())
+            .arg(map_epoch());
+        invocation
+    }
+
+    /// Makes worker `id` a member: entry, lease and its share of the
+    /// slots, in one step; returns once this node's replica of the slot
+    /// table shows the join (or after a few seconds regardless).
+    pub(crate) async fn join_worker(&self, id: &str, join: u64) -> Result<()> {
+        let keys = &self.keys;
+        // Read together: the slot count is the epoch's.
+        let (epoch, slot_count) = (self.lease.epoch(), self.lease.slot_count());
+        let sent = self.lease.elapsed_ms();
+        let mut conn = self.conn.clone();
+        let mut invocation = self.membership_script(&scripts::JOIN);
+        invocation
+            .key(&keys.shutdown)
+            .key(&keys.epoch)
+            .arg(id)
+            .arg(format!("{}|{join}", self.id))
+            .arg(millis(self.options.lease_ttl))
+            .arg(epoch)
+            .arg(slot_count);
+        let answer: Vec<Value> =
+            invocation.invoke_async(&mut conn).await.map_err(self.redis_error("join a worker"))?;
+        let (status, detail) = super::status(&answer, "join")?;
+        match status.as_str() {
+            "joined" => {
+                self.lease.extend(sent, self.options.lease_ttl);
+                self.lease.joined(id);
+                self.catch_up(&detail).await;
+                Ok(())
+            }
+            "shutdown" => Err(Error::ShuttingDown(keys.pool.clone())),
+            "epoch" => Err(Error::EpochChanged { pool: keys.pool.clone(), epoch: detail }),
+            other => Err(Error::Protocol { op: "join", answer: other.to_owned() }),
+        }
+    }
+
+    /// Workers `ids` give up their slots, in one step: no new job is
+    /// routed to them while they hand their jobs back (they stay members,
+    /// with their leases; they leave for good by [`Core::evict`]). Returns
+    /// once this node's replica of the slot table shows the change (or
+    /// after a few seconds regardless).
+    pub(crate) async fn release_slots(&self, ids: &[String]) -> Result<()> {
+        let mut conn = self.conn.clone();
+        let mut invocation = self.membership_script(&scripts::RELEASE_SLOT);
+        for id in ids {
+            invocation.arg(id);
+        }
+        let rev: u64 = invocation.invoke_async(&mut conn).await.map_err(self.redis_error("release slots"))?;
+        self.catch_up(&rev.to_string()).await;
+        Ok(())
+    }
+
+    /// Evicts worker `id` now (it fenced itself), or, with `None`, every
+    /// worker whose lease expired more than the grace ago. Returns the
+    /// evicted workers with the number of jobs each had.
+    pub(crate) async fn evict(&self, id: Option<&str>) -> Result<Vec<(String, u64)>> {
+        Ok(self.evict_and_next(id).await?.0)
+    }
+
+    /// [`Core::evict`], and with `None` also how long until the next
+    /// worker may be evicted (the earliest lease's end plus the grace).
+    async fn evict_and_next(&self, id: Option<&str>) -> Result<(Vec<(String, u64)>, Option<Duration>)> {
+        let keys = &self.keys;
+        let mut conn = self.conn.clone();
+        let mut invocation = self.membership_script(&scripts::EVICT);
+        invocation
+            .key(&keys.jobs)
+            .key(&keys.queued)
+            .arg(&keys.prefix)
+            .arg(keys.inbox_prefix())
+            .arg(millis(grace(self.options.lease_ttl)))
+            .arg(id.unwrap_or(""));
+        let answer: Vec<Value> =
+            invocation.invoke_async(&mut conn).await.map_err(self.redis_error("evict workers"))?;
+        let (mut evicted, mut next) = (Vec::new(), None);
+        for pair in answer.chunks(2) {
+            match pair {
+                [Value::BulkString(tag), Value::Int(ms)] if tag.as_slice() == b"next" => {
+                    next = Some(Duration::from_millis(u64::try_from(*ms).unwrap_or(0)));
+                }
+                [Value::BulkString(worker), Value::Int(jobs)] => evicted
+                    .push((String::from_utf8_lossy(worker).into_owned(), u64::try_from(*jobs).unwrap_or(0))),
+                _ => {}
+            }
+        }
+        Ok((evicted, next))
+    }
+
+    /// Renews the leases of this node's workers. Returns whether the pool
+    /// is shutting down.
+    pub(crate) async fn renew(&self) -> Result<bool> {
+        let keys = &self.keys;
+        let members = self.lease.members();
+        let sent = self.lease.elapsed_ms();
+        let mut conn = self.conn.clone();
+        let mut invocation = scripts::RENEW.key(self.workers.redis_key());
+        invocation
+            .key(&keys.leases)
+            .key(&keys.epoch)
+            .key(&keys.shutdown)
+            .arg(millis(self.options.lease_ttl))
+            .arg(self.lease.epoch());
+        for member in &members {
+            invocation.arg(member);
+        }
+        let answer: Vec<String> =
+            invocation.invoke_async(&mut conn).await.map_err(self.redis_error("renew leases"))?;
+        match answer.first().map(String::as_str) {
+            Some("epoch") => {
+                self.epoch_changed().await?;
+                Ok(false)
+            }
+            Some(state @ ("ok" | "shutdown")) => {
+                // Evicted workers are fenced before the node's lease moves
+                // on: none of their jobs may run from now on.
+                for (member, flag) in members.iter().zip(&answer[1..]) {
+                    if flag == "0" {
+                        tracing::warn!(worker = %member, "the worker was evicted: it lost its jobs and joins again");
+                        self.lease.evicted(member);
+                    }
+                }
+                self.lease.extend(sent, self.options.lease_ttl);
+                Ok(state == "shutdown")
+            }
+            _ => Err(Error::Protocol { op: "renew", answer: format!("{answer:?}") }),
+        }
+    }
+
+    /// Redis no longer holds the pool's epoch: it lost the pool's data.
+    /// Every worker of this node stops calling its handler, joins again in
+    /// the epoch now in Redis (a new one if there is none) and writes back
+    /// the jobs it runs.
+    async fn epoch_changed(&self) -> Result<()> {
+        let epoch =
+            ensure_epoch(&self.conn, &self.keys.epoch).await.map_err(self.redis_error("read the epoch"))?;
+        let slot_count = checked_slot_count(&self.keys.pool, &epoch)?;
+        tracing::error!(
+            pool = %self.keys.pool,
+            was = %self.lease.epoch(),
+            now = %epoch,
+            "Redis lost the pool's data (its epoch changed); this node's workers join again"
+        );
+        self.lease.adopt_epoch(epoch, slot_count);
+        // Answers are written only to a reply stream that exists.
+        let mut conn = self.conn.clone();
+        let recreated: redis::RedisResult<()> = redis::pipe()
+            .cmd("XADD")
+            .arg(&self.replies)
+            .arg("*")
+            .arg("n")
+            .arg("hello")
+            .arg("p")
+            .arg("")
+            .ignore()
+            .query_async(&mut conn)
+            .await;
+        if let Err(error) = recreated {
+            tracing::warn!(error = %error, "failed to recreate the reply stream");
+        }
+        Ok(())
+    }
+
+    /// One janitor round: evicts expired workers, then assigns queued jobs.
+    /// Returns how long until the next worker may be evicted.
+    pub(crate) async fn janitor(&self) -> Result<Option<Duration>> {
+        let (evicted, next) = self.evict_and_next(None).await?;
+        for (worker, jobs) in evicted {
+            self.metrics.evictions.increment(1);
+            self.metrics.evicted_jobs.increment(jobs);
+            tracing::warn!(worker = %worker, jobs, "evicted a worker whose lease expired; its jobs are queued");
+        }
+        self.assign_queued().await?;
+        Ok(next)
+    }
+
+    /// Assigns every queued job to the worker its key routes to.
+    pub(crate) async fn assign_queued(&self) -> Result<()> {
+        if self.slots.is_empty() {
+            return Ok(());
+        }
+        let mut conn = self.conn.clone();
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, batch): (u64, Vec<String>) = redis::cmd("SSCAN")
+                .arg(&self.keys.queued)
+                .arg(cursor)
+                .arg("COUNT")
+                .arg(500)
+                .query_async(&mut conn)
+                .await
+                .map_err(self.redis_error("list queued jobs"))?;
+            for key in batch {
+                self.assign(&key).await?;
+            }
+            if next == 0 {
+                return Ok(());
+            }
+            cursor = next;
+        }
+    }
+}
+
+/// Reads the pool epoch, creating it first if Redis has none: random, and
+/// the slot count of the pool's table ([`VIRTUAL_SLOTS`]).
+pub(crate) async fn ensure_epoch(
+    conn: &redis::aio::ConnectionManager,
+    key: &str,
+) -> redis::RedisResult<String> {
+    let mut conn = conn.clone();
+    let candidate = format!("{:016x}:{VIRTUAL_SLOTS}", fastrand::u64(..));
+    let (epoch,): (String,) =
+        redis::pipe().set_nx(key, &candidate).ignore().get(key).query_async(&mut conn).await?;
+    Ok(epoch)
+}
+
+/// The slot count recorded in pool epoch `epoch`, or the error of a pool
+/// this version cannot route for.
+pub(crate) fn checked_slot_count(pool: &str, epoch: &str) -> Result<u32> {
+    slot_count(epoch)
+        .ok_or_else(|| Error::IncompatiblePool { pool: pool.to_owned(), epoch: epoch.to_owned() })
+}
+
+/// The epoch given to a replicated map's hash if a script creates it.
+fn map_epoch() -> String {
+    format!("{:016x}", fastrand::u64(..))
+}

@@ -1,0 +1,132 @@
+//! What a node's parts share, below both the node and its workers: the
+//! [`Core`] (keys, connection, replicated maps, lease, reply waiters),
+//! leases and fences, membership scripts, routing. Nothing here imports
+//! `node` or `worker`.
+//!
+//! # Layout
+//! - this file: [`Core`], a script answer's status word.
+//! - `fence`: [`Lease`] and [`WorkerFence`]: when handler calls may run.
+//! - `membership`: join, release, renew, evict, the pool epoch.
+//! - `routing`: keys to workers over the slot table; assigning queued jobs.
+//! - `replies`: a node's reply stream and the waiters registered on it.
+
+mod fence;
+mod membership;
+mod replies;
+mod routing;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use pulse_rmap::Map;
+use redis::Value;
+use redis::aio::ConnectionManager;
+
+use crate::error::{Error, Result};
+use crate::keys::PoolKeys;
+use crate::options::NodeOptions;
+use crate::scripts;
+
+pub(crate) use fence::{Lease, WorkerFence, tick};
+pub(crate) use membership::{checked_slot_count, ensure_epoch};
+pub(crate) use replies::{Answer, Waiters, start as start_replies};
+
+/// What a node's parts share.
+pub(crate) struct Core {
+    pub(crate) id: String,
+    pub(crate) client: redis::Client,
+    pub(crate) keys: PoolKeys,
+    /// This node's reply stream key, where workers answer its requests.
+    pub(crate) replies: String,
+    pub(crate) conn: ConnectionManager,
+    pub(crate) options: NodeOptions,
+    pub(crate) slots: Map,
+    pub(crate) workers: Map,
+    pub(crate) waiters: Waiters,
+    pub(crate) lease: Lease,
+    pub(crate) metrics: crate::metrics::PoolMetrics,
+    next_request: AtomicU64,
+    /// Scripts refused for a stale slot table or a moved owner, retried.
+    pub(crate) routing_retries: AtomicU64,
+}
+
+impl Core {
+    /// The core of node `id`; `maps` are its replicas of the slot table
+    /// and the workers map.
+    pub(crate) fn new(
+        id: String,
+        client: redis::Client,
+        keys: PoolKeys,
+        conn: ConnectionManager,
+        options: NodeOptions,
+        (slots, workers): (Map, Map),
+        lease: Lease,
+    ) -> Self {
+        Self {
+            replies: keys.replies(&id),
+            metrics: crate::metrics::PoolMetrics::new(&keys.pool),
+            id,
+            client,
+            keys,
+            conn,
+            options,
+            slots,
+            workers,
+            waiters: Waiters::default(),
+            lease,
+            next_request: AtomicU64::new(0),
+            routing_retries: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn redis_error(&self, op: &'static str) -> impl FnOnce(redis::RedisError) -> Error + '_ {
+        self.keys.redis_error(op)
+    }
+
+    /// A request id unique in the pool: the node's id and a counter.
+    pub(crate) fn next_request(&self) -> String {
+        format!("{}.{}", self.id, self.next_request.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// Marks a job failed, fenced by `token`; false when it is not the
+    /// worker's any more.
+    pub(crate) async fn fail(
+        &self,
+        worker: &str,
+        key: &str,
+        token: &str,
+        reason: &str,
+        attempt: u32,
+    ) -> redis::RedisResult<bool> {
+        let keys = &self.keys;
+        let mut conn = self.conn.clone();
+        let done: i64 = scripts::FAIL
+            .key(&keys.jobs)
+            .key(keys.record(key))
+            .key(keys.worker_jobs(worker))
+            .arg(key)
+            .arg(token)
+            .arg(reason)
+            .arg(attempt)
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(done == 1)
+    }
+}
+
+/// The status word and optional detail of a script's answer.
+pub(crate) fn status(answer: &[Value], op: &'static str) -> Result<(String, String)> {
+    let text = |value: Option<&Value>| -> Option<String> {
+        match value? {
+            Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
+            Value::SimpleString(text) => Some(text.clone()),
+            Value::Int(n) => Some(n.to_string()),
+            _ => None,
+        }
+    };
+    let status = text(answer.first()).ok_or_else(|| protocol(op, &format!("{answer:?}")))?;
+    Ok((status, text(answer.get(1)).unwrap_or_default()))
+}
+
+pub(crate) fn protocol(op: &'static str, answer: &str) -> Error {
+    Error::Protocol { op, answer: answer.to_owned() }
+}

@@ -1,0 +1,68 @@
+//! [`NodeOptions`]: what a node is told, with the defaults.
+
+use std::time::Duration;
+
+/// Options of a node.
+///
+/// Defaults:
+/// - `max_jobs`: 0 (no limit) jobs in the pool; dispatches beyond it are
+///   answered `PoolFull` (jobs that move are exempt);
+/// - `max_key_len`: 256 bytes; `max_payload`: 1 MiB (also the limit of
+///   saved state and emitted events);
+/// - `reply_timeout`: 10 s to wait for a worker's confirmation;
+/// - `max_attempts`: 3 starts of a job whose handler answers `retryable`,
+///   `retry_backoff` 100 ms before the second, doubled each time;
+/// - `events_retention`: the pool's events stream keeps about 10,000
+///   entries, and `events_max_bytes` 64 MiB of payloads at most (older
+///   entries are trimmed);
+/// - `shutdown_timeout`: 30 s for the `stop` calls of a worker that hands
+///   jobs back (it leaves, or the slot table changed) or shuts down (16 at
+///   a time); jobs whose stop has not returned by then are handed on
+///   without waiting (their tokens move on, so their code reaches
+///   nothing);
+/// - `lease_ttl`: 10 s. A worker of a node that cannot renew its lease
+///   stops running its jobs after `lease_ttl` minus a tenth; its jobs move
+///   to other workers `lease_ttl` plus a fifth after its last renewal (the
+///   janitors wake then).
+#[derive(Debug, Clone)]
+pub struct NodeOptions {
+    /// Jobs the pool holds at most (0: no limit).
+    pub max_jobs: u64,
+    /// Longest job key, in bytes.
+    pub max_key_len: usize,
+    /// Largest payload, state or emitted event, in bytes.
+    pub max_payload: usize,
+    /// How long dispatch, stop and notify wait for the worker's answer.
+    pub reply_timeout: Duration,
+    /// Starts of a job before a retryable failure becomes final.
+    pub max_attempts: u32,
+    /// Wait before the second start; doubled for each further one.
+    pub retry_backoff: Duration,
+    /// Entries the pool's events stream keeps.
+    pub events_retention: usize,
+    /// Payload bytes the pool's events stream keeps.
+    pub events_max_bytes: u64,
+    /// How long the `stop` calls of a worker handing jobs back or shutting
+    /// down may take in all.
+    pub shutdown_timeout: Duration,
+    /// How long a worker's lease lasts without renewal (renewed every
+    /// quarter of it).
+    pub lease_ttl: Duration,
+}
+
+impl Default for NodeOptions {
+    fn default() -> Self {
+        Self {
+            max_jobs: 0,
+            max_key_len: 256,
+            max_payload: 1 << 20,
+            reply_timeout: Duration::from_secs(10),
+            max_attempts: 3,
+            retry_backoff: Duration::from_millis(100),
+            events_retention: 10_000,
+            events_max_bytes: 64 << 20,
+            shutdown_timeout: Duration::from_secs(30),
+            lease_ttl: Duration::from_secs(10),
+        }
+    }
+}
