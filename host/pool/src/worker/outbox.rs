@@ -1,0 +1,121 @@
+//! Writes fenced by a job's token (requeue, finish, fail) and the answers
+//! sent with the deletion of each processed inbox entry.
+
+use crate::job::JobHandler;
+use crate::scripts;
+use crate::wire::{self, InboxEvent};
+
+use super::{Outgoing, Worker};
+
+/// Replies kept in a node's reply stream (approximately): answers older than
+/// that have no waiter any more.
+const REPLIES_KEPT: usize = 10_000;
+
+impl<H: JobHandler> Worker<H> {
+    /// Hands job `key` back to the pool under `token`; whether it was.
+    pub(super) async fn requeue(&self, key: &str, token: &str) -> bool {
+        let keys = &self.core.keys;
+        let mut conn = self.core.conn.clone();
+        let requeued: redis::RedisResult<i64> = scripts::REQUEUE
+            .key(&keys.jobs)
+            .key(keys.record(key))
+            .key(&keys.queued)
+            .key(keys.worker_jobs(&self.id))
+            .arg(key)
+            .arg(token)
+            .invoke_async(&mut conn)
+            .await;
+        match requeued {
+            Ok(done) => done == 1,
+            Err(error) => {
+                tracing::warn!(job.key = %key, error = %error, "failed to hand a job back");
+                false
+            }
+        }
+    }
+
+    pub(super) async fn finish(&self, key: &str, token: &str) {
+        let keys = &self.core.keys;
+        let mut conn = self.core.conn.clone();
+        let finished: redis::RedisResult<i64> = scripts::FINISH
+            .key(&keys.jobs)
+            .key(keys.record(key))
+            .key(keys.held(key))
+            .key(keys.worker_jobs(&self.id))
+            .arg(key)
+            .arg(token)
+            .invoke_async(&mut conn)
+            .await;
+        if let Err(error) = finished {
+            tracing::warn!(job.key = %key, error = %error, "failed to remove a job");
+        }
+    }
+
+    pub(super) async fn fail(&self, key: &str, token: &str, reason: &str, attempt: u32) {
+        if let Err(error) = self.core.fail(&self.id, key, token, reason, attempt).await {
+            tracing::warn!(job.key = %key, error = %error, "failed to mark a job failed");
+        }
+    }
+
+    /// Answers the caller waiting for `event`, if any, with the next flush.
+    pub(super) async fn reply(&mut self, event: &InboxEvent, outcome: &str, message: &str) {
+        if event.reply.is_empty() {
+            return;
+        }
+        self.outbox.push(Outgoing {
+            stream: event.reply.clone(),
+            outcome: outcome.to_owned(),
+            payload: wire::encode_reply(&event.request, message),
+        });
+    }
+
+    /// Sends the answers waiting in the outbox and, with `processed`,
+    /// deletes that entry from the inbox: one round trip.
+    pub(super) async fn flush(&mut self, processed: Option<&str>) {
+        if self.outbox.is_empty() && processed.is_none() {
+            return;
+        }
+        let mut pipe = redis::pipe();
+        for out in self.outbox.drain(..) {
+            // NOMKSTREAM: the answer to a node that is gone creates nothing.
+            pipe.cmd("XADD")
+                .arg(&out.stream)
+                .arg("NOMKSTREAM")
+                .arg("MAXLEN")
+                .arg("~")
+                .arg(REPLIES_KEPT)
+                .arg("*")
+                .arg("n")
+                .arg(&out.outcome)
+                .arg("p")
+                .arg(out.payload)
+                .ignore();
+        }
+        if let Some(id) = processed {
+            // XDEL, not XTRIM MINID: an exact trim scans the head node of
+            // the stream on every call; deleting one entry is a lookup.
+            pipe.cmd("XDEL").arg(&self.inbox_key).arg(id).ignore();
+        }
+        // Sent again when the connection dropped: a lost answer leaves its
+        // caller waiting, and both commands may run twice (a second answer
+        // has no waiter; a second XDEL deletes nothing).
+        for wait in [0, 20, 100, 500] {
+            if wait > 0 {
+                // (A zero sleep would still wait for the timer's next tick.)
+                tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
+            }
+            let mut conn = self.core.conn.clone();
+            match pipe.query_async::<()>(&mut conn).await {
+                Ok(()) => return,
+                Err(error) if error.is_connection_dropped() || error.is_io_error() => {
+                    tracing::debug!(error = %error, "the connection dropped while answering; sending again");
+                }
+                Err(error) => {
+                    tracing::warn!(error = %error, "failed to answer or to delete the entry from the inbox");
+                    return;
+                }
+            }
+        }
+        tracing::warn!("failed to answer or to delete the entry from the inbox: Redis is unreachable");
+    }
+}
