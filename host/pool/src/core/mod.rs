@@ -15,7 +15,7 @@ mod membership;
 mod replies;
 mod routing;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 
 use pulse_rmap::Map;
 use redis::Value;
@@ -44,7 +44,6 @@ pub(crate) struct Core {
     pub(crate) waiters: Waiters,
     pub(crate) lease: Lease,
     pub(crate) metrics: crate::metrics::PoolMetrics,
-    next_request: AtomicU64,
     /// Scripts refused for a stale slot table or a moved owner, retried.
     pub(crate) routing_retries: AtomicU64,
 }
@@ -73,7 +72,6 @@ impl Core {
             workers,
             waiters: Waiters::default(),
             lease,
-            next_request: AtomicU64::new(0),
             routing_retries: AtomicU64::new(0),
         }
     }
@@ -82,9 +80,9 @@ impl Core {
         self.keys.redis_error(op)
     }
 
-    /// A request id unique in the pool: the node's id and a counter.
+    /// A request id unique in the pool, sortable by creation time: a ULID.
     pub(crate) fn next_request(&self) -> String {
-        format!("{}.{}", self.id, self.next_request.fetch_add(1, Ordering::Relaxed))
+        ulid::Ulid::new().to_string()
     }
 
     /// Marks a job failed, fenced by `token`; false when it is not the

@@ -115,7 +115,9 @@ impl Node {
         let slot_count = core::checked_slot_count(pool, &epoch)?;
         let slots = Map::join(client, SLOTS_MAP, MapOptions::default().hash_tag(pool)).await?;
         let workers = Map::join(client, WORKERS_MAP, MapOptions::default().hash_tag(pool)).await?;
-        let id = format!("n{}-{:06x}", std::process::id(), fastrand::u32(..0xff_ffff));
+        // A ULID: unique across hosts (every container's process may be
+        // pid 1) and sortable by when the node joined.
+        let id = ulid::Ulid::new().to_string();
         let lease = core::Lease::new(epoch, slot_count);
         let core = Arc::new(Core::new(id, client.clone(), keys, conn, options, (slots, workers), lease));
         let token = CancellationToken::new();

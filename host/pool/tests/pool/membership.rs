@@ -183,6 +183,11 @@ async fn every_node_lists_every_worker_of_the_pool() {
     assert_eq!(listed.iter().filter(|w| w.ends_with("@a")).count(), 2);
     let nodes = a.nodes();
     assert_eq!(nodes.len(), 2, "{nodes:?}");
+    // Node ids are ULIDs: unique across hosts whatever their pids.
+    for node in [&a, &b] {
+        assert!(ulid::Ulid::from_string(node.id()).is_ok(), "{} is not a ULID", node.id());
+    }
+    assert_ne!(a.id(), b.id());
     assert_eq!(nodes.iter().find(|n| n.id == a.id()).unwrap().workers.len(), 2);
     assert_eq!(nodes.iter().find(|n| n.id == b.id()).unwrap().workers.len(), 1);
     finish(&pool, &[&a, &b]).await;
