@@ -1,33 +1,8 @@
 //! The messages of inboxes and reply streams: netstring fields (as the
-//! scripts write them with `ns()`), binary-safe.
+//! scripts write them with `ns()`), binary-safe, with the netstring codec
+//! of `pulse-rmap` (the twin of the Lua library's `ns` and `netstrings`).
 
-/// Appends one netstring.
-pub(crate) fn push(out: &mut Vec<u8>, field: &[u8]) {
-    out.extend_from_slice(field.len().to_string().as_bytes());
-    out.push(b':');
-    out.extend_from_slice(field);
-    out.push(b',');
-}
-
-/// Splits netstrings; `None` when malformed.
-pub(crate) fn fields(mut bytes: &[u8]) -> Option<Vec<&[u8]>> {
-    let mut out = Vec::new();
-    while !bytes.is_empty() {
-        let colon = bytes.iter().position(|b| *b == b':')?;
-        let digits = &bytes[..colon];
-        if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
-            return None;
-        }
-        let len: usize = std::str::from_utf8(digits).ok()?.parse().ok()?;
-        let end = (colon + 1).checked_add(len)?;
-        if bytes.get(end) != Some(&b',') {
-            return None;
-        }
-        out.push(&bytes[colon + 1..end]);
-        bytes = &bytes[end + 1..];
-    }
-    Some(out)
-}
+use pulse_rmap::{netstrings as fields, push_netstring as push};
 
 /// An event of a worker's inbox.
 #[derive(Debug, Clone, PartialEq, Eq)]

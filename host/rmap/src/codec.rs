@@ -1,29 +1,39 @@
 //! Netstrings (`len:bytes,`), the format of change messages and list
 //! values, mirroring the Lua helpers of `lua/prelude.lua` byte for byte.
 
+/// Appends `field` to `out` as one netstring. The one netstring codec of
+/// the project: the pool's inbox and reply messages use it too.
+pub fn push_netstring(out: &mut Vec<u8>, field: &[u8]) {
+    out.extend_from_slice(field.len().to_string().as_bytes());
+    out.push(b':');
+    out.extend_from_slice(field);
+    out.push(b',');
+}
+
+/// The consecutive netstrings of `bytes`; `None` when malformed.
+pub fn netstrings(mut bytes: &[u8]) -> Option<Vec<&[u8]>> {
+    let mut fields = Vec::new();
+    while !bytes.is_empty() {
+        let (field, tail) = split_netstring(bytes)?;
+        fields.push(field);
+        bytes = tail;
+    }
+    Some(fields)
+}
+
 /// Encodes `items` as consecutive netstrings: the list format of map values.
 pub fn encode_list<S: AsRef<str>>(items: &[S]) -> String {
-    let mut out = String::new();
+    let mut out = Vec::new();
     for item in items {
-        let item = item.as_ref();
-        out.push_str(&item.len().to_string());
-        out.push(':');
-        out.push_str(item);
-        out.push(',');
+        push_netstring(&mut out, item.as_ref().as_bytes());
     }
-    out
+    // Netstrings of UTF-8 text are UTF-8.
+    String::from_utf8(out).unwrap_or_default()
 }
 
 /// Decodes a list value; `None` when it is not a sequence of netstrings.
 pub fn decode_list(value: &str) -> Option<Vec<String>> {
-    let mut items = Vec::new();
-    let mut rest = value.as_bytes();
-    while !rest.is_empty() {
-        let (item, tail) = split_netstring(rest)?;
-        items.push(String::from_utf8(item.to_vec()).ok()?);
-        rest = tail;
-    }
-    Some(items)
+    netstrings(value.as_bytes())?.into_iter().map(|item| String::from_utf8(item.to_vec()).ok()).collect()
 }
 
 /// Splits one netstring off the front of `bytes`.
@@ -83,13 +93,10 @@ pub(crate) enum Op {
 impl Change {
     /// Parses a message; `None` when it is malformed.
     pub(crate) fn parse(bytes: &[u8]) -> Option<Self> {
-        let mut fields = Vec::new();
-        let mut rest = bytes;
-        while !rest.is_empty() {
-            let (field, tail) = split_netstring(rest)?;
-            fields.push(String::from_utf8(field.to_vec()).ok()?);
-            rest = tail;
-        }
+        let fields: Vec<String> = netstrings(bytes)?
+            .into_iter()
+            .map(|field| String::from_utf8(field.to_vec()).ok())
+            .collect::<Option<_>>()?;
         let mut fields = fields.into_iter();
         let op = fields.next()?;
         let epoch = fields.next()?;
