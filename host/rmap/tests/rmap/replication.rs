@@ -127,9 +127,9 @@ async fn many_keys_set_at_once_are_one_revision_and_one_event() {
     // More pairs than one Lua call may unpack (about 8,000 values).
     let entries: Vec<(String, String)> = (0..5_000).map(|i| (format!("k{i}"), format!("v{i}"))).collect();
     let pairs: Vec<(&str, &str)> = entries.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let before = writer.revision();
     writer.set_many(&pairs).await.unwrap();
     writer.set_many(&[]).await.unwrap();
+    writer.set("z", "after").await.unwrap();
     let expected_set = Some(MapEvent::Set { key: "a".into(), value: "before".into() });
     assert_eq!(tokio::time::timeout(PATIENCE, events.recv()).await.unwrap(), expected_set);
     let Some(MapEvent::SetMany { entries: heard }) =
@@ -138,8 +138,12 @@ async fn many_keys_set_at_once_are_one_revision_and_one_event() {
         panic!("not one SetMany event");
     };
     assert_eq!(heard, entries);
-    assert_eq!(watcher.revision(), before + 1, "one revision for 5,000 keys; none for an empty call");
-    assert_eq!(watcher.len(), 5_001);
+    let expected_set = Some(MapEvent::Set { key: "z".into(), value: "after".into() });
+    assert_eq!(tokio::time::timeout(PATIENCE, events.recv()).await.unwrap(), expected_set);
+    // A new map: "a" was revision 1, the 5,000 keys revision 2 (the empty
+    // call none), "z" revision 3.
+    assert_eq!(watcher.revision(), 3, "one revision for 5,000 keys; none for an empty call");
+    assert_eq!(watcher.len(), 5_002);
     assert_eq!(watcher.get("k4999").as_deref(), Some("v4999"));
     assert_eq!(redis_content(&name).await, watcher.snapshot(), "the replica equals Redis");
     writer.destroy().await.unwrap();
