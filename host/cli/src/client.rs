@@ -6,9 +6,8 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use pulse_http::views::{job_json, state_name};
 use pulse_pool::{DispatchOutcome, EventOutcome, JobInfo, Node, NodeOptions, PoolView, WorkerInfo};
-use pulse_streams::{ReaderEvent, ReaderOptions, Start, Stream, StreamOptions, id_after};
+use pulse_pool::{Emitted, EmittedEvents, Followed};
 use serde_json::json;
 
 /// Exit codes of client commands, one per outcome (documented in
@@ -52,7 +51,7 @@ pub fn dispatch_code(outcome: &DispatchOutcome) -> (u8, String) {
         DispatchOutcome::Started => (exit::OK, "started".into()),
         DispatchOutcome::Queued => (exit::OK, "queued: no worker is alive; it starts when one joins".into()),
         DispatchOutcome::AlreadyExists(state) => {
-            (exit::NOT_FOUND_OR_EXISTS, format!("already exists ({})", state_name(*state)))
+            (exit::NOT_FOUND_OR_EXISTS, format!("already exists ({})", state.as_str()))
         }
         DispatchOutcome::Refused(message) => (exit::REFUSED, format!("refused: {message}")),
         DispatchOutcome::Failed(message) => (exit::FAILED, format!("failed: {message}")),
@@ -153,7 +152,7 @@ pub fn print_jobs(jobs: &mut [JobInfo], as_json: bool) {
     jobs.sort_by(|a, b| a.key.cmp(&b.key));
     let mut out = std::io::stdout().lock();
     if as_json {
-        let _ = writeln!(out, "{}", serde_json::Value::Array(jobs.iter().map(job_json).collect()));
+        let _ = writeln!(out, "{}", serde_json::to_string(&jobs).unwrap_or_default());
         return;
     }
     let _ = writeln!(out, "{:<32} {:<8} {:<8} {:>7}  reason", "KEY", "STATE", "WORKER", "ATTEMPT");
@@ -162,7 +161,7 @@ pub fn print_jobs(jobs: &mut [JobInfo], as_json: bool) {
             out,
             "{:<32} {:<8} {:<8} {:>7}  {}",
             job.key,
-            state_name(job.state),
+            job.state.as_str(),
             job.worker.as_deref().unwrap_or("-"),
             job.attempt,
             job.reason.as_deref().unwrap_or("")
@@ -207,54 +206,52 @@ pub async fn events(
     follow: bool,
     as_json: bool,
 ) -> anyhow::Result<ExitCode> {
-    let stream = Stream::open(client, "events", StreamOptions::default().hash_tag(pool)).await?;
+    let emitted = EmittedEvents::open(client, pool).await?;
     // The bound first: what is added while the backlog prints comes after.
-    let newest = stream.last_id().await?;
+    let newest = emitted.newest_id().await?;
     let mut after: Option<String> = None;
     if let Some(newest) = &newest {
         loop {
-            let (page, next) = stream.range(after.as_deref(), 1000).await?;
-            for event in page.iter().take_while(|event| !id_after(&event.id, newest)) {
+            let (page, next) = emitted.page_until(after.as_deref(), newest, 1000).await?;
+            for event in &page {
                 print_event(event, as_json);
             }
             match next {
-                Some(next) if id_after(newest, &next) => after = Some(next),
-                _ => break,
+                Some(next) => after = Some(next),
+                None => break,
             }
         }
     }
     if !follow {
         return Ok(ExitCode::from(exit::OK));
     }
-    let start = newest.map_or(Start::Oldest, Start::After);
-    let reader = stream.reader(ReaderOptions::default().start(start)).await?;
-    let mut events = reader.subscribe();
+    let mut following = emitted.follow(newest).await?;
     loop {
         let next = tokio::select! {
-            event = events.recv() => event,
+            event = following.recv() => event,
             _ = tokio::signal::ctrl_c() => None,
         };
         match next {
-            Some(ReaderEvent::Event(event)) => print_event(&event, as_json),
-            Some(ReaderEvent::Lagged { resume_after }) => {
+            Some(Followed::Event(event)) => print_event(&event, as_json),
+            Some(Followed::Lagged { resume_after }) => {
                 eprintln!("events: fell behind; events after {resume_after} were skipped");
             }
             None => break,
         }
     }
-    reader.close().await;
+    following.close().await;
     Ok(ExitCode::from(exit::OK))
 }
 
-fn print_event(event: &pulse_streams::Event, as_json: bool) {
-    let key = event.topic.clone().unwrap_or_default();
+fn print_event(event: &Emitted, as_json: bool) {
+    let key = &event.key;
     let payload = String::from_utf8_lossy(&event.payload);
     let mut out = std::io::stdout().lock();
     if as_json {
         let _ = writeln!(
             out,
             "{}",
-            json!({"id": event.id, "key": key, "payload": payload, "created_at_ms": event.created_at_ms()})
+            json!({"id": event.id, "key": key, "payload": payload, "created_at_ms": event.created_at_ms})
         );
     } else {
         let _ = writeln!(out, "{} {key}: {payload}", event.id);

@@ -304,13 +304,13 @@ fn finish(result: anyhow::Result<(u8, String)>) -> anyhow::Result<ExitCode> {
 async fn read(view: &pulse_pool::PoolView, command: Command) -> anyhow::Result<(u8, String)> {
     Ok(match command {
         Command::Status { key, json, .. } => match view.status(&key).await? {
-            Some(job) if json => (exit::OK, pulse_http::views::job_json(&job).to_string()),
+            Some(job) if json => (exit::OK, serde_json::to_string(&job).unwrap_or_default()),
             Some(job) => (
                 exit::OK,
                 format!(
                     "{}: {} on {} (attempt {}){}",
                     job.key,
-                    pulse_http::views::state_name(job.state),
+                    job.state.as_str(),
                     job.worker.as_deref().unwrap_or("no worker"),
                     job.attempt,
                     job.reason.map(|r| format!(", failed: {r}")).unwrap_or_default()

@@ -71,9 +71,3 @@ impl From<pulse_pool::Error> for ApiError {
         }
     }
 }
-
-impl From<pulse_streams::Error> for ApiError {
-    fn from(error: pulse_streams::Error) -> Self {
-        Self::new(StatusCode::SERVICE_UNAVAILABLE, "redis_unavailable", error.to_string())
-    }
-}

@@ -7,13 +7,12 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use pulse_pool::{DispatchOutcome, EventOutcome, Node};
+use pulse_pool::{DispatchOutcome, EventOutcome, JobState, Node};
 use serde_json::{Value, json};
 
 use crate::Api;
 use crate::body::{Batch, Body, JobsQuery, NewJob, Payload, QueryOf};
 use crate::error::ApiError;
-use crate::views::{job_json, state_name};
 
 /// Most jobs one batch may hold.
 pub(crate) const MAX_BATCH: usize = 1000;
@@ -69,9 +68,9 @@ fn dispatch_outcome(key: &str, outcome: DispatchOutcome) -> Outcome {
                 StatusCode::CONFLICT,
                 key,
                 "exists",
-                Some(format!("the key is taken by a {} job", state_name(state))),
+                Some(format!("the key is taken by a {} job", state.as_str())),
             );
-            answer.body["state"] = state_name(state).into();
+            answer.body["state"] = state.as_str().into();
             answer
         }
         DispatchOutcome::Refused(message) => {
@@ -134,12 +133,10 @@ pub(crate) async fn list(
     }
     let state = match query.state.as_deref() {
         None => None,
-        Some(text @ ("starting" | "running" | "moving" | "queued" | "failed")) => Some(text.to_owned()),
-        Some(other) => {
-            return Err(ApiError::bad_request(format!(
-                "`state` = {other:?}: allowed are starting, running, moving, queued and failed"
-            )));
-        }
+        Some(text) => Some(JobState::parse(text).ok_or_else(|| {
+            let allowed: Vec<&str> = JobState::ALL.iter().map(|state| state.as_str()).collect();
+            ApiError::bad_request(format!("`state` = {text:?}: allowed are {}", allowed.join(", ")))
+        })?),
     };
     let mut cursor: u64 = match query.cursor.as_deref() {
         None => 0,
@@ -150,9 +147,7 @@ pub(crate) async fn list(
     let mut jobs = Vec::new();
     for _ in 0..MAX_SCANS {
         let (next, page) = node.jobs_page(cursor, limit - jobs.len()).await?;
-        jobs.extend(
-            page.into_iter().filter(|job| state.as_deref().is_none_or(|s| state_name(job.state) == s)),
-        );
+        jobs.extend(page.into_iter().filter(|job| state.is_none_or(|s| job.state == s)));
         cursor = next;
         if cursor == 0 || jobs.len() >= limit {
             break;
@@ -160,7 +155,7 @@ pub(crate) async fn list(
     }
     jobs.sort_by(|a, b| a.key.cmp(&b.key));
     let next = (cursor != 0).then(|| cursor.to_string());
-    Ok(Json(json!({"jobs": jobs.iter().map(job_json).collect::<Vec<_>>(), "next_cursor": next})))
+    Ok(Json(json!({"jobs": jobs, "next_cursor": next})))
 }
 
 /// `GET /api/pools/{pool}/jobs/{key}`.
@@ -170,7 +165,7 @@ pub(crate) async fn status(
 ) -> Result<Response, ApiError> {
     let node = api.node(&pool)?;
     match node.status(&key).await? {
-        Some(job) => Ok(Json(job_json(&job)).into_response()),
+        Some(job) => Ok(Json(job).into_response()),
         None => Ok(no_such_job(&key).into_response()),
     }
 }

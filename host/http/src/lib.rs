@@ -10,7 +10,6 @@
 //!   checked against it), [`serve`].
 //! - `jobs`, `pools`: the JSON routes. `body`: request types and
 //!   extractors. `error`: the error answers.
-//! - `views`: jobs in JSON, shared with the CLI.
 //! - `auth`: the optional bearer token. `guard`: the `Host`, `Origin` and
 //!   content type a request must have; JSON for every error. `serve`:
 //!   connections, with their timeouts and limit. `metrics`: `/metrics`
@@ -29,7 +28,6 @@ pub mod metrics;
 mod page;
 mod pools;
 mod serve;
-pub mod views;
 
 pub use guard::AllowedHosts;
 pub use serve::{ServeOptions, serve};
@@ -94,7 +92,7 @@ struct Inner {
 #[derive(Debug, Clone)]
 struct Pool {
     node: Arc<Node>,
-    events: pulse_streams::Stream,
+    events: pulse_pool::EmittedEvents,
     /// Whether this host runs workers of it (otherwise it only dispatches
     /// into it, for a schedule).
     workers_here: bool,
@@ -123,15 +121,9 @@ impl Api {
     /// this host runs its workers.
     ///
     /// # Errors
-    /// Redis failures opening the pool's events stream.
-    pub async fn add_pool(&self, node: Arc<Node>, workers_here: bool) -> Result<(), pulse_streams::Error> {
-        let client = node.redis_client();
-        let events = pulse_streams::Stream::open(
-            &client,
-            "events",
-            pulse_streams::StreamOptions::default().hash_tag(node.pool()),
-        )
-        .await?;
+    /// Redis failures opening what the pool's jobs emitted.
+    pub async fn add_pool(&self, node: Arc<Node>, workers_here: bool) -> Result<(), pulse_pool::Error> {
+        let events = node.emitted().await?;
         let pool = Pool { node: node.clone(), events, workers_here };
         write(&self.inner.pools).insert(node.pool().to_owned(), pool);
         Ok(())

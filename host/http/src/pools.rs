@@ -60,15 +60,15 @@ pub(crate) async fn events(
     }
     let events: Vec<Value> = pool
         .events
-        .latest(limit)
+        .newest(limit)
         .await?
         .iter()
         .map(|event| {
             let mut object = serde_json::Map::new();
             object.insert("id".into(), event.id.clone().into());
-            object.insert("key".into(), event.topic.clone().into());
+            object.insert("key".into(), event.key.clone().into());
             object.insert("name".into(), event.name.clone().into());
-            object.insert("created_at_ms".into(), event.created_at_ms().into());
+            object.insert("created_at_ms".into(), event.created_at_ms.into());
             show_payload(&event.payload, &mut object);
             Value::Object(object)
         })

@@ -64,8 +64,10 @@ pub trait JobHandler: Send + Sync + 'static {
     }
 }
 
-/// What the pool knows of a job.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What the pool knows of a job. Serialized (for the API and the command
+/// line's `--json`) as `{"key", "state", "worker", "created_at_ms",
+/// "attempt", "reason"}`, the state in its one string form.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct JobInfo {
     /// Its key.
     pub key: String,
@@ -99,14 +101,38 @@ pub enum JobState {
 }
 
 impl JobState {
-    pub(crate) fn parse(text: &str) -> Option<Self> {
-        match text {
-            "running" => Some(JobState::Running),
-            "moving" => Some(JobState::Moving),
-            "queued" => Some(JobState::Queued),
-            "failed" => Some(JobState::Failed),
-            _ => None,
+    /// Every state, in the order a job may pass through them.
+    pub const ALL: [JobState; 5] =
+        [JobState::Starting, JobState::Running, JobState::Moving, JobState::Queued, JobState::Failed];
+
+    /// The state's one string form, the same in Redis, the API and the
+    /// command line: `starting`, `running`, `moving`, `queued`, `failed`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Starting => "starting",
+            JobState::Running => "running",
+            JobState::Moving => "moving",
+            JobState::Queued => "queued",
+            JobState::Failed => "failed",
         }
+    }
+
+    /// The state written `text` ([`JobState::as_str`]); `None` for
+    /// anything else.
+    pub fn parse(text: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|state| state.as_str() == text)
+    }
+}
+
+impl std::fmt::Display for JobState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl serde::Serialize for JobState {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
     }
 }
 

@@ -35,6 +35,8 @@ pub(crate) struct PoolKeys {
     pub(crate) prefix: String,
 }
 
+/// Name of the stream of what jobs emit.
+pub(crate) const EVENTS_STREAM: &str = "events";
 /// Name of the slot table map (slot index -> worker id).
 pub(crate) const SLOTS_MAP: &str = "slots";
 /// Name of the workers map (worker id -> node and join number).
@@ -54,7 +56,7 @@ impl PoolKeys {
             tokens: key("tokens"),
             joins: key("joins"),
             queued: key("queued"),
-            events: pulse_streams::stream_key(pool, "events"),
+            events: pulse_streams::stream_key(pool, EVENTS_STREAM),
             events_bytes: key("events-bytes"),
             handler: key("handler"),
             leases: key("leases"),

@@ -11,6 +11,7 @@
 //! - `job`: [`Job`], [`JobHandler`], outcomes and states.
 //! - `context`: [`JobContext`]: save state, emit, complete, fail, fenced by
 //!   the job's token.
+//! - `emitted`: [`EmittedEvents`]: what jobs emitted, read back.
 //! - `ticker`: [`Ticker`], a named interval firing on one node per tick.
 //! - `schedule`: [`Node::schedule`], a [`JobProducer`]'s [`Plan`] applied
 //!   at every tick.
@@ -30,6 +31,7 @@
 
 mod context;
 mod core;
+mod emitted;
 mod error;
 pub mod hash;
 mod job;
@@ -44,6 +46,7 @@ mod wire;
 mod worker;
 
 pub use context::{ContextError, JobContext};
+pub use emitted::{Emitted, EmittedEvents, Followed, Following};
 pub use error::{Error, Result};
 pub use job::{DispatchOutcome, EventOutcome, HandlerError, Job, JobHandler, JobInfo, JobState};
 pub use node::{JobCounts, Node, NodeInfo, PoolView, WorkerInfo};

@@ -160,6 +160,17 @@ impl Node {
         self.core.routing_retries.load(Ordering::Relaxed)
     }
 
+    /// What the pool's jobs emitted.
+    ///
+    /// # Errors
+    /// Redis failures.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only connects.
+    pub async fn emitted(&self) -> Result<crate::EmittedEvents> {
+        crate::EmittedEvents::open(&self.core.client, &self.core.keys.pool).await
+    }
+
     /// The Redis client this node was made with.
     pub fn redis_client(&self) -> redis::Client {
         self.core.client.clone()
