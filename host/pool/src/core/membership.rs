@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use redis::Value;
 
-use super::Core;
 use super::fence::{grace, millis};
+use super::{Core, Join};
 use crate::error::{Error, Result};
 use crate::hash::{VIRTUAL_SLOTS, slot_count};
 use crate::scripts;
@@ -53,17 +53,15 @@ impl Core {
             .arg(slot_count);
         let answer: Vec<Value> =
             invocation.invoke_async(&mut conn).await.map_err(self.redis_error("join a worker"))?;
-        let (status, detail) = super::status(&answer, "join")?;
-        match status.as_str() {
-            "joined" => {
+        match Join::parse(&answer)? {
+            Join::Member(rev) => {
                 self.lease.extend(sent, self.options.lease_ttl);
                 self.lease.joined(id);
-                self.catch_up(&detail).await;
+                self.catch_up(&rev).await;
                 Ok(())
             }
-            "shutdown" => Err(Error::ShuttingDown(keys.pool.clone())),
-            "epoch" => Err(Error::EpochChanged { pool: keys.pool.clone(), epoch: detail }),
-            other => Err(Error::Protocol { op: "join", answer: other.to_owned() }),
+            Join::ShuttingDown => Err(Error::ShuttingDown(keys.pool.clone())),
+            Join::Epoch(epoch) => Err(Error::EpochChanged { pool: keys.pool.clone(), epoch }),
         }
     }
 

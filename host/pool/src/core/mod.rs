@@ -4,12 +4,14 @@
 //! `node` or `worker`.
 //!
 //! # Layout
-//! - this file: [`Core`], a script answer's status word.
+//! - this file: [`Core`].
+//! - `answers`: the scripts' and the workers' answers, typed.
 //! - `fence`: [`Lease`] and [`WorkerFence`]: when handler calls may run.
 //! - `membership`: join, release, renew, evict, the pool epoch.
 //! - `routing`: keys to workers over the slot table; assigning queued jobs.
 //! - `replies`: a node's reply stream and the waiters registered on it.
 
+mod answers;
 mod fence;
 mod membership;
 mod replies;
@@ -18,14 +20,14 @@ mod routing;
 use std::sync::atomic::AtomicU64;
 
 use pulse_rmap::Map;
-use redis::Value;
 use redis::aio::ConnectionManager;
 
-use crate::error::{Error, Result};
+use crate::error::Error;
 use crate::keys::PoolKeys;
 use crate::options::NodeOptions;
 use crate::scripts;
 
+pub(crate) use answers::{Assigned, Dispatched, Join, Outcome, Routed, protocol};
 pub(crate) use fence::{Lease, WorkerFence, tick};
 pub(crate) use membership::{checked_slot_count, ensure_epoch};
 pub(crate) use replies::{Answer, Waiters, start as start_replies};
@@ -109,22 +111,4 @@ impl Core {
             .await?;
         Ok(done == 1)
     }
-}
-
-/// The status word and optional detail of a script's answer.
-pub(crate) fn status(answer: &[Value], op: &'static str) -> Result<(String, String)> {
-    let text = |value: Option<&Value>| -> Option<String> {
-        match value? {
-            Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
-            Value::SimpleString(text) => Some(text.clone()),
-            Value::Int(n) => Some(n.to_string()),
-            _ => None,
-        }
-    };
-    let status = text(answer.first()).ok_or_else(|| protocol(op, &format!("{answer:?}")))?;
-    Ok((status, text(answer.get(1)).unwrap_or_default()))
-}
-
-pub(crate) fn protocol(op: &'static str, answer: &str) -> Error {
-    Error::Protocol { op, answer: answer.to_owned() }
 }

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use super::Core;
+use super::{Core, Outcome};
 use crate::error::Result;
 use crate::keys::PoolKeys;
 use crate::wire;
@@ -24,10 +24,10 @@ use crate::wire;
 /// answer in flight, short enough that dead nodes leave nothing for long.
 const REPLY_STREAM_TTL: Duration = Duration::from_secs(3600);
 
-/// A worker's answer: its outcome name and message.
+/// A worker's answer: its outcome and message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Answer {
-    pub(crate) outcome: String,
+    pub(crate) outcome: Outcome,
     pub(crate) message: String,
 }
 
@@ -103,10 +103,14 @@ pub(crate) async fn start(core: &Arc<Core>, token: &CancellationToken, tasks: &T
                             .arg(&core.replies).arg(ttl).exec_async(&mut conn).await;
                     }
                     event = subscription.recv() => match event {
-                        Some(ReaderEvent::Event(event)) => match wire::decode_reply(&event.payload) {
-                            Some((request, message)) => core.waiters.deliver(&request, Answer { outcome: event.name, message }),
-                            None => tracing::warn!(id = %event.id, "skipped a malformed reply"),
-                        },
+                        Some(ReaderEvent::Event(event)) => {
+                            match (Outcome::parse(&event.name), wire::decode_reply(&event.payload)) {
+                                (Some(outcome), Some((request, message))) => {
+                                    core.waiters.deliver(&request, Answer { outcome, message });
+                                }
+                                _ => tracing::warn!(id = %event.id, name = %event.name, "skipped a malformed reply"),
+                            }
+                        }
                         Some(ReaderEvent::Lagged { resume_after }) => {
                             // 65,536 answers queued means callers stopped
                             // waiting long ago; their waiters time out.

@@ -64,11 +64,10 @@ impl Core {
                 .invoke_async(&mut conn)
                 .await
                 .map_err(core.redis_error("assign a queued job"))?;
-            let (status, rev) = super::status(&answer, "assign")?;
-            if status != "stale" {
-                return Ok(());
+            match super::Assigned::parse(&answer)? {
+                super::Assigned::Done => return Ok(()),
+                super::Assigned::Stale(rev) => self.catch_up(&rev).await,
             }
-            self.catch_up(&rev).await;
         }
         Ok(())
     }

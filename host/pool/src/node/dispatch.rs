@@ -3,9 +3,9 @@
 use redis::Value;
 
 use super::Node;
-use crate::core::{Answer, protocol, status};
+use crate::core::{Answer, Dispatched, Outcome, Routed, protocol};
 use crate::error::{Error, Result};
-use crate::job::{DispatchOutcome, EventOutcome, JobState};
+use crate::job::{DispatchOutcome, EventOutcome};
 use crate::scripts;
 
 /// Retries of a script refused for a stale revision or a moved owner; each
@@ -59,28 +59,24 @@ impl Node {
                 .invoke_async(&mut conn)
                 .await
                 .map_err(core.redis_error("dispatch"))?;
-            let (status, detail) = status(&answer, "dispatch")?;
-            return Ok(match status.as_str() {
-                "sent" => match waiter.wait(core.options.reply_timeout).await {
-                    Some(Answer { outcome, message }) => match outcome.as_str() {
-                        "started" => DispatchOutcome::Started,
-                        "refused" => DispatchOutcome::Refused(message),
-                        "failed" => DispatchOutcome::Failed(message),
-                        other => return Err(protocol("dispatch", other)),
+            return Ok(match Dispatched::parse(&answer)? {
+                Dispatched::Sent => match waiter.wait(core.options.reply_timeout).await {
+                    Some(Answer { outcome, message }) => match outcome {
+                        Outcome::Started => DispatchOutcome::Started,
+                        Outcome::Refused => DispatchOutcome::Refused(message),
+                        Outcome::Failed => DispatchOutcome::Failed(message),
+                        other => return Err(protocol("dispatch", other.as_str())),
                     },
                     None => DispatchOutcome::Unconfirmed,
                 },
-                "queued" => DispatchOutcome::Queued,
-                "exists" => DispatchOutcome::AlreadyExists(
-                    JobState::parse(&detail).ok_or_else(|| protocol("dispatch", &detail))?,
-                ),
-                "full" => DispatchOutcome::PoolFull,
-                "stale" => {
+                Dispatched::Queued => DispatchOutcome::Queued,
+                Dispatched::Exists(state) => DispatchOutcome::AlreadyExists(state),
+                Dispatched::Full => DispatchOutcome::PoolFull,
+                Dispatched::Stale(rev) => {
                     core.routing_retries.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    core.catch_up(&detail).await;
+                    core.catch_up(&rev).await;
                     continue;
                 }
-                other => return Err(protocol("dispatch", other)),
             });
         }
         Err(protocol("dispatch", "membership kept changing"))
@@ -168,30 +164,28 @@ impl Node {
                 .invoke_async(&mut conn)
                 .await
                 .map_err(core.redis_error(if kind == "stop" { "stop" } else { "notify" }))?;
-            let (status, detail) = status(&answer, "route")?;
-            return Ok(match status.as_str() {
-                "sent" => match waiter.wait(core.options.reply_timeout).await {
-                    Some(Answer { outcome, message }) => match outcome.as_str() {
-                        "stopped" | "notified" => EventOutcome::Done,
-                        "error" => EventOutcome::HandlerError(message),
-                        "failed" => EventOutcome::JobFailed(message),
-                        "missing" => EventOutcome::NoSuchJob,
-                        other => return Err(protocol("route", other)),
+            return Ok(match Routed::parse(&answer)? {
+                Routed::Sent => match waiter.wait(core.options.reply_timeout).await {
+                    Some(Answer { outcome, message }) => match outcome {
+                        Outcome::Stopped | Outcome::Notified => EventOutcome::Done,
+                        Outcome::Error => EventOutcome::HandlerError(message),
+                        Outcome::Failed => EventOutcome::JobFailed(message),
+                        Outcome::Missing => EventOutcome::NoSuchJob,
+                        other => return Err(protocol("route", other.as_str())),
                     },
                     None => EventOutcome::Unconfirmed,
                 },
-                "held" => EventOutcome::Held,
-                "stopped" => EventOutcome::Done,
-                "missing" => EventOutcome::NoSuchJob,
-                "failed" => EventOutcome::JobFailed(detail),
-                "owner" => {
+                Routed::Held => EventOutcome::Held,
+                Routed::Stopped => EventOutcome::Done,
+                Routed::Missing => EventOutcome::NoSuchJob,
+                Routed::Failed(reason) => EventOutcome::JobFailed(reason),
+                Routed::Owner(worker) => {
                     // Owned elsewhere than the slot says (it has not moved
                     // yet): send it there.
                     core.routing_retries.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    owner = detail;
+                    owner = worker;
                     continue;
                 }
-                other => return Err(protocol("route", other)),
             });
         }
         Err(protocol("route", "the owner kept changing"))

@@ -7,6 +7,7 @@ use std::collections::VecDeque;
 use tokio::time::Instant;
 
 use crate::context::{Ended, JobContext};
+use crate::core::Outcome;
 use crate::job::{HandlerError, Job, JobHandler};
 use crate::wire::{InboxEvent, Kind};
 
@@ -109,7 +110,7 @@ impl<H: JobHandler> Worker<H> {
                         job: Job { state: None, ..job.clone() },
                     },
                 );
-                self.reply(&event, "started", "").await;
+                self.reply(&event, Outcome::Started, "").await;
                 let (_, owner) = self.core.route(&job.key);
                 self.misplaced_start |= !owner.is_empty() && owner != self.id;
                 for waiting in waiting {
@@ -118,8 +119,8 @@ impl<H: JobHandler> Worker<H> {
             }
             Err(HandlerError::InvalidInput(message)) => {
                 self.finish(&job.key, &event.token).await;
-                self.reply(&event, "refused", &message).await;
-                self.answer_waiting(waiting, "missing").await;
+                self.reply(&event, Outcome::Refused, &message).await;
+                self.answer_waiting(waiting, Outcome::Missing).await;
             }
             Err(HandlerError::Retryable(message)) if job.attempt < self.core.options.max_attempts => {
                 let wait = self
@@ -134,8 +135,8 @@ impl<H: JobHandler> Worker<H> {
             }
             Err(HandlerError::Retryable(message) | HandlerError::Fatal(message)) => {
                 self.fail(&job.key, &event.token, &message, job.attempt).await;
-                self.reply(&event, "failed", &message).await;
-                self.answer_waiting(waiting, "failed").await;
+                self.reply(&event, Outcome::Failed, &message).await;
+                self.answer_waiting(waiting, Outcome::Failed).await;
             }
         }
     }
@@ -158,15 +159,15 @@ impl<H: JobHandler> Worker<H> {
         if let Some(retrying) = self.retrying.remove(&stop.key) {
             self.retry_at.retain(|(_, key), ()| *key != stop.key);
             self.finish(&stop.key, &retrying.event.token).await;
-            self.reply(&retrying.event, "refused", "stopped before it could start").await;
-            self.answer_waiting(retrying.waiting, "missing").await;
+            self.reply(&retrying.event, Outcome::Refused, "stopped before it could start").await;
+            self.answer_waiting(retrying.waiting, Outcome::Missing).await;
         }
-        self.reply(&stop, "stopped", "").await;
+        self.reply(&stop, Outcome::Stopped, "").await;
     }
 
     pub(super) async fn on_stop(&mut self, event: InboxEvent) {
         let Some(running) = self.fresh(&event) else {
-            self.reply(&event, "missing", "").await;
+            self.reply(&event, Outcome::Missing, "").await;
             return;
         };
         let token = running.token.clone();
@@ -177,29 +178,29 @@ impl<H: JobHandler> Worker<H> {
         self.running.remove(&event.key);
         self.finish(&event.key, &token).await;
         match result {
-            Ok(()) => self.reply(&event, "stopped", "").await,
-            Err(error) => self.reply(&event, "error", &error.to_string()).await,
+            Ok(()) => self.reply(&event, Outcome::Stopped, "").await,
+            Err(error) => self.reply(&event, Outcome::Error, &error.to_string()).await,
         }
     }
 
     pub(super) async fn on_notify(&mut self, event: InboxEvent) {
         let Kind::Notify { payload } = &event.kind else { return };
         if self.fresh(&event).is_none() {
-            self.reply(&event, "missing", "").await;
+            self.reply(&event, Outcome::Missing, "").await;
             return;
         }
         if !self.may_call() {
             return;
         }
         match self.handler.notify(&event.key, payload.clone(), event.seq).await {
-            Ok(()) => self.reply(&event, "notified", "").await,
+            Ok(()) => self.reply(&event, Outcome::Notified, "").await,
             Err(HandlerError::Fatal(message)) => {
                 if let Some(running) = self.running.remove(&event.key) {
                     self.fail(&event.key, &running.token, &message, 0).await;
                 }
-                self.reply(&event, "failed", &message).await;
+                self.reply(&event, Outcome::Failed, &message).await;
             }
-            Err(error) => self.reply(&event, "error", &error.to_string()).await,
+            Err(error) => self.reply(&event, Outcome::Error, &error.to_string()).await,
         }
     }
 
@@ -221,7 +222,7 @@ impl<H: JobHandler> Worker<H> {
         }
     }
 
-    pub(super) async fn answer_waiting(&mut self, waiting: VecDeque<InboxEvent>, outcome: &str) {
+    pub(super) async fn answer_waiting(&mut self, waiting: VecDeque<InboxEvent>, outcome: Outcome) {
         for event in waiting {
             self.reply(&event, outcome, "").await;
         }

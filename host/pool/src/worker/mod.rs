@@ -45,7 +45,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use crate::context::Ended;
-use crate::core::{Core, WorkerFence};
+use crate::core::{Core, Outcome, WorkerFence};
 use crate::job::{Job, JobHandler};
 use crate::wire::InboxEvent;
 
@@ -55,7 +55,7 @@ pub(crate) use handle::{WorkerHandle, spawn};
 /// An answer waiting to be sent with the next flush.
 struct Outgoing {
     stream: String,
-    outcome: String,
+    outcome: Outcome,
     payload: Vec<u8>,
 }
 

@@ -1,6 +1,7 @@
 //! Writes fenced by a job's token (requeue, finish, fail) and the answers
 //! sent with the deletion of each processed inbox entry.
 
+use crate::core::Outcome;
 use crate::job::JobHandler;
 use crate::scripts;
 use crate::wire::{self, InboxEvent};
@@ -58,13 +59,13 @@ impl<H: JobHandler> Worker<H> {
     }
 
     /// Answers the caller waiting for `event`, if any, with the next flush.
-    pub(super) async fn reply(&mut self, event: &InboxEvent, outcome: &str, message: &str) {
+    pub(super) async fn reply(&mut self, event: &InboxEvent, outcome: Outcome, message: &str) {
         if event.reply.is_empty() {
             return;
         }
         self.outbox.push(Outgoing {
             stream: event.reply.clone(),
-            outcome: outcome.to_owned(),
+            outcome,
             payload: wire::encode_reply(&event.request, message),
         });
     }
@@ -86,7 +87,7 @@ impl<H: JobHandler> Worker<H> {
                 .arg(REPLIES_KEPT)
                 .arg("*")
                 .arg("n")
-                .arg(&out.outcome)
+                .arg(out.outcome.as_str())
                 .arg("p")
                 .arg(out.payload)
                 .ignore();
