@@ -1,0 +1,325 @@
+//! The checks every value of config.toml goes through: ranges, names,
+//! files, shares of instances, the HTTP section; each problem with its line.
+
+use super::*;
+
+/// Collects problems while reading values.
+pub(super) struct Check<'a> {
+    pub(super) text: &'a str,
+    pub(super) problems: Vec<Problem>,
+}
+
+impl Check<'_> {
+    pub(super) fn problem<T>(&mut self, spanned: &Spanned<T>, message: String) {
+        self.problems.push(Problem { line: Some(line_of(self.text, spanned.span().start)), message });
+    }
+
+    /// A duration within `range`, or `default` when absent (or wrong:
+    /// then a problem says what is allowed).
+    pub(super) fn duration(
+        &mut self,
+        key: &str,
+        value: Option<&Spanned<String>>,
+        default: Duration,
+        range: RangeInclusive<Duration>,
+    ) -> Duration {
+        let unit = Unit {
+            what: "a duration",
+            forms: DURATION_FORMS,
+            parse: units::duration,
+            show: units::show_duration,
+        };
+        self.ranged(key, value, default, &range, &unit)
+    }
+
+    /// A value written as a string with a unit, within `range`.
+    fn ranged<T: PartialOrd + Copy>(
+        &mut self,
+        key: &str,
+        value: Option<&Spanned<String>>,
+        default: T,
+        range: &RangeInclusive<T>,
+        unit: &Unit<T>,
+    ) -> T {
+        let Some(value) = value else { return default };
+        let text = value.get_ref();
+        match (unit.parse)(text) {
+            None => {
+                self.problem(value, format!("`{key}` = {text:?} is not {}: write {}", unit.what, unit.forms));
+                default
+            }
+            Some(parsed) if !range.contains(&parsed) => {
+                let (low, high) = ((unit.show)(*range.start()), (unit.show)(*range.end()));
+                self.problem(
+                    value,
+                    format!("`{key}` = {text:?} is out of range: allowed are {low} to {high}"),
+                );
+                default
+            }
+            Some(parsed) => parsed,
+        }
+    }
+
+    /// A number within `range`, or `default` when absent (or out of range:
+    /// then a problem says what is allowed).
+    pub(super) fn count(
+        &mut self,
+        key: &str,
+        value: Option<&Spanned<u64>>,
+        default: u64,
+        range: RangeInclusive<u64>,
+    ) -> u64 {
+        let Some(value) = value else { return default };
+        let number = *value.get_ref();
+        if range.contains(&number) {
+            return number;
+        }
+        self.problem(
+            value,
+            format!("`{key}` = {number} is out of range: allowed are {} to {}", range.start(), range.end()),
+        );
+        default
+    }
+
+    /// A plugin's or schedule's `limits`, checked against the runtime's.
+    pub(super) fn limits(
+        &mut self,
+        what: &str,
+        name: &Spanned<String>,
+        limits: &PluginLimits,
+        runtime: &RuntimeConfig,
+    ) -> Limits {
+        let checked = Limits {
+            memory: self.size("limits.memory", limits.memory.as_ref(), 64 << 20, MEMORY),
+            call_timeout: self.duration(
+                "limits.call_timeout",
+                limits.call_timeout.as_ref(),
+                secs(10),
+                CALL_TIMEOUT,
+            ),
+            fuel: limits.fuel.as_ref().map(|fuel| self.count("limits.fuel", Some(fuel), 1, FUEL)),
+            // Shared out once every plugin is read (`share_instances`).
+            instances: 0,
+        };
+        if checked.memory > runtime.max_memory_per_instance
+            && let Some(memory) = &limits.memory
+        {
+            self.problem(
+                memory,
+                format!(
+                    "{what} {:?}: limits.memory exceeds runtime.max_memory_per_instance ({} bytes)",
+                    name.get_ref(),
+                    runtime.max_memory_per_instance
+                ),
+            );
+        }
+        if checked.fuel.is_some() && !runtime.fuel {
+            self.problem(name, format!("{what} {:?}: limits.fuel needs runtime.fuel = true", name.get_ref()));
+        }
+        checked
+    }
+
+    /// A component file, resolved against the config's folder.
+    pub(super) fn component(
+        &mut self,
+        what: &str,
+        name: &str,
+        base: &Path,
+        path: &Spanned<String>,
+    ) -> std::path::PathBuf {
+        let context = format!("{what} {name:?}");
+        self.existing(base, path, &context, " (build plugins with scripts/build-plugins)")
+    }
+
+    /// A file the host reads at start (`key` names it), resolved against
+    /// the config's folder.
+    pub(super) fn file(&mut self, key: &str, base: &Path, path: &Spanned<String>) -> std::path::PathBuf {
+        self.existing(base, path, &format!("`{key}`"), "")
+    }
+
+    /// `path` resolved against `base`; a problem, naming `context` and
+    /// ending with `hint`, when no file is there.
+    pub(super) fn existing(
+        &mut self,
+        base: &Path,
+        path: &Spanned<String>,
+        context: &str,
+        hint: &str,
+    ) -> std::path::PathBuf {
+        let resolved = base.join(path.get_ref());
+        if !resolved.is_file() {
+            self.problem(path, format!("{context}: no file at {}{hint}", resolved.display()));
+        }
+        resolved
+    }
+
+    /// A pool, ticker or plugin name.
+    pub(super) fn name(&mut self, what: &str, name: &Spanned<String>) -> bool {
+        let valid = valid_name(name.get_ref());
+        if !valid {
+            self.problem(
+                name,
+                format!(
+                    "{what} name {:?}: allowed are 1 to 100 ASCII letters, digits, '-', '_' or '.'",
+                    name.get_ref()
+                ),
+            );
+        }
+        valid
+    }
+
+    /// A size within `range`, or `default` when absent (or wrong: then a
+    /// problem says what is allowed).
+    pub(super) fn size(
+        &mut self,
+        key: &str,
+        value: Option<&Spanned<String>>,
+        default: u64,
+        range: RangeInclusive<u64>,
+    ) -> u64 {
+        let unit = Unit { what: "a size", forms: SIZE_FORMS, parse: units::size, show: units::show_size };
+        self.ranged(key, value, default, &range, &unit)
+    }
+}
+
+/// How values of one kind are written: for [`Check::ranged`].
+pub(super) struct Unit<T> {
+    what: &'static str,
+    forms: &'static str,
+    parse: fn(&str) -> Option<T>,
+    show: fn(T) -> String,
+}
+
+impl Check<'_> {
+    /// Each plugin's and schedule's instance quota: the ones given, and an
+    /// even share of what `runtime.max_instances` leaves for the others.
+    /// The quotas may not add up to more than `max_instances`, so no pool
+    /// can take the instances another one needs.
+    pub(super) fn share_instances(
+        &mut self,
+        max_instances: u32,
+        quotas: &[Option<Spanned<u64>>],
+    ) -> Vec<u32> {
+        let max = u64::from(max_instances);
+        for quota in quotas.iter().flatten() {
+            self.count("limits.instances", Some(quota), 1, 1..=max);
+        }
+        let given: u64 = quotas.iter().flatten().map(|q| *q.get_ref()).sum();
+        let unset = quotas.iter().filter(|q| q.is_none()).count() as u64;
+        let left = max.saturating_sub(given);
+        if given > max || (unset > 0 && left < unset) {
+            let message = format!(
+                "the plugins' and schedules' `limits.instances` add up to {given}, and {unset} more need at least one each: \
+                     `runtime.max_instances` is {max}; lower them or raise it"
+            );
+            match quotas.iter().flatten().last() {
+                Some(at) => self.problem(at, message),
+                None => self.problems.push(Problem { line: None, message }),
+            }
+        }
+        let share = left.checked_div(unset).map_or(0, |share| share.max(1));
+        quotas.iter().map(|q| q.as_ref().map_or(share, |q| *q.get_ref()) as u32).collect()
+    }
+
+    /// `[http]`: the address (a port alone means loopback), the token, the
+    /// body limit.
+    pub(super) fn http(&mut self, http: &Http, base: &Path) -> HttpConfig {
+        let default_listen = std::net::SocketAddr::from(([127, 0, 0, 1], 7070));
+        let listen = match &http.listen {
+            None => default_listen,
+            Some(value) => {
+                let text = value.get_ref().trim();
+                let parsed = text
+                    .parse::<u16>()
+                    .map(|port| std::net::SocketAddr::from(([127, 0, 0, 1], port)))
+                    .or_else(|_| text.parse::<std::net::SocketAddr>());
+                parsed.unwrap_or_else(|_| {
+                    self.problem(
+                        value,
+                        format!(
+                            "`http.listen` = {text:?} is not an address: write an IP and a port \
+                             (\"127.0.0.1:7070\", \"0.0.0.0:7070\", \"[::1]:7070\") or a port alone for loopback"
+                        ),
+                    );
+                    default_listen
+                })
+            }
+        };
+        let token = match (&http.token, &http.token_file) {
+            (Some(_), Some(file)) => {
+                self.problem(file, "`http.token` and `http.token_file` are both set: keep one".into());
+                None
+            }
+            (Some(token), None) => self.token(token, token.get_ref(), "`http.token`"),
+            (None, Some(file)) => {
+                let path = base.join(file.get_ref());
+                match std::fs::read_to_string(&path) {
+                    Ok(text) => self.token(file, text.trim(), &format!("the token in {}", path.display())),
+                    Err(error) => {
+                        self.problem(
+                            file,
+                            format!("`http.token_file`: cannot read {}: {error}", path.display()),
+                        );
+                        None
+                    }
+                }
+            }
+            (None, None) => None,
+        };
+        let max_body = self.size("http.max_body", http.max_body.as_ref(), 4 << 20, MAX_BODY);
+        let allowed_hosts = http
+            .allowed_hosts
+            .iter()
+            .flatten()
+            .filter_map(|host| {
+                let name = host.get_ref().trim().to_ascii_lowercase();
+                let valid = !name.is_empty()
+                    && name.len() <= 253
+                    && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | ':' | '[' | ']'));
+                if !valid {
+                    self.problem(
+                        host,
+                        format!("`http.allowed_hosts` entry {:?}: write a host name or address, such as \"pulse.example.com\"", host.get_ref()),
+                    );
+                }
+                valid.then_some(name)
+            })
+            .collect();
+        HttpConfig {
+            listen,
+            token,
+            max_body,
+            allowed_hosts,
+            header_timeout: self.duration(
+                "http.header_timeout",
+                http.header_timeout.as_ref(),
+                secs(10),
+                HTTP_TIMEOUT,
+            ),
+            idle_timeout: self.duration(
+                "http.idle_timeout",
+                http.idle_timeout.as_ref(),
+                secs(60),
+                HTTP_TIMEOUT,
+            ),
+            max_connections: self.count(
+                "http.max_connections",
+                http.max_connections.as_ref(),
+                1024,
+                MAX_CONNECTIONS,
+            ) as u32,
+        }
+    }
+
+    /// The HTTP token written in the config (`http.token`) or read from
+    /// `http.token_file`.
+    pub(super) fn token(&mut self, at: &Spanned<String>, text: &str, what: &str) -> Option<Secret> {
+        match crate::check_token(text) {
+            Ok(()) => Some(Secret::new(text)),
+            Err(allowed) => {
+                self.problem(at, format!("{what} {allowed}"));
+                None
+            }
+        }
+    }
+}

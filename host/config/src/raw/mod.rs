@@ -1,0 +1,343 @@
+//! The shape of `config.toml`, as serde reads it: unknown keys refused,
+//! positions kept for the values that validation checks.
+
+mod check;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ops::RangeInclusive;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use check::Check;
+use toml::Spanned;
+
+use crate::units::{self, DURATION_FORMS, SIZE_FORMS};
+use crate::{
+    Config, HttpConfig, Isolation, Limits, NodeConfig, PluginConfig, Problem, RedisConfig, RuntimeConfig,
+    ScheduleConfig, Secret, line_of,
+};
+
+// The range of every number, size and duration: what `check` enforces
+// (config.toml and docs/limits.md list them). They keep values in
+// what the code computes with (no overflow, no panic) and in what makes a
+// working pool.
+const MAX_JOBS: RangeInclusive<u64> = 0..=1_000_000_000;
+const MAX_PAYLOAD: RangeInclusive<u64> = 1..=(64 << 20);
+const REPLY_TIMEOUT: RangeInclusive<Duration> = millis(10)..=secs(3600);
+const MAX_ATTEMPTS: RangeInclusive<u64> = 1..=100;
+const RETRY_BACKOFF: RangeInclusive<Duration> = millis(0)..=secs(3600);
+const EVENTS_RETENTION: RangeInclusive<u64> = 1..=10_000_000;
+const EVENTS_MAX_BYTES: RangeInclusive<u64> = 1..=(16 << 30);
+const LEASE_TTL: RangeInclusive<Duration> = millis(400)..=secs(3600);
+const SHUTDOWN_TIMEOUT: RangeInclusive<Duration> = millis(100)..=secs(3600);
+const MAX_INSTANCES: RangeInclusive<u64> = 1..=100_000;
+const MEMORY: RangeInclusive<u64> = (64 << 10)..=(4 << 30);
+const CALL_TIMEOUT: RangeInclusive<Duration> = millis(1)..=secs(3600);
+const FUEL: RangeInclusive<u64> = 1..=(1 << 60);
+// 0: this host runs none of the pool's jobs; it dispatches into it (its API
+// answers for it) while other hosts run them.
+const WORKERS: RangeInclusive<u64> = 0..=1000;
+const INTERVAL: RangeInclusive<Duration> = millis(10)..=secs(86_400);
+const MAX_BODY: RangeInclusive<u64> = 1..=(1 << 30);
+const HTTP_TIMEOUT: RangeInclusive<Duration> = millis(100)..=secs(3600);
+const MAX_CONNECTIONS: RangeInclusive<u64> = 1..=100_000;
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct File {
+    #[serde(default)]
+    redis: Redis,
+    #[serde(default)]
+    node: Node,
+    #[serde(default)]
+    runtime: Runtime,
+    #[serde(default)]
+    plugin: Vec<Plugin>,
+    #[serde(default)]
+    schedule: Vec<Schedule>,
+    http: Option<Http>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct Http {
+    listen: Option<Spanned<String>>,
+    token: Option<Spanned<String>>,
+    token_file: Option<Spanned<String>>,
+    max_body: Option<Spanned<String>>,
+    allowed_hosts: Option<Vec<Spanned<String>>>,
+    header_timeout: Option<Spanned<String>>,
+    idle_timeout: Option<Spanned<String>>,
+    max_connections: Option<Spanned<u64>>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct Redis {
+    url: Option<String>,
+    data_dir: Option<String>,
+    tls_ca_file: Option<Spanned<String>>,
+    tls_cert_file: Option<Spanned<String>>,
+    tls_key_file: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct Node {
+    max_jobs: Option<Spanned<u64>>,
+    max_payload: Option<Spanned<String>>,
+    reply_timeout: Option<Spanned<String>>,
+    max_attempts: Option<Spanned<u64>>,
+    retry_backoff: Option<Spanned<String>>,
+    events_retention: Option<Spanned<u64>>,
+    events_max_bytes: Option<Spanned<String>>,
+    lease_ttl: Option<Spanned<String>>,
+    shutdown_timeout: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct Runtime {
+    max_instances: Option<Spanned<u64>>,
+    max_memory_per_instance: Option<Spanned<String>>,
+    cache_dir: Option<String>,
+    fuel: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Plugin {
+    name: Spanned<String>,
+    path: Spanned<String>,
+    pool: Option<Spanned<String>>,
+    workers: Option<Spanned<u64>>,
+    isolation: Option<Spanned<String>>,
+    #[serde(default)]
+    limits: PluginLimits,
+    #[serde(default)]
+    settings: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Schedule {
+    name: Spanned<String>,
+    path: Spanned<String>,
+    pool: Spanned<String>,
+    interval: Spanned<String>,
+    #[serde(default)]
+    limits: PluginLimits,
+    #[serde(default)]
+    settings: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct PluginLimits {
+    memory: Option<Spanned<String>>,
+    call_timeout: Option<Spanned<String>>,
+    fuel: Option<Spanned<u64>>,
+    instances: Option<Spanned<u64>>,
+}
+
+impl File {
+    pub(crate) fn validate(self, base: &Path, text: &str) -> Result<Config, Vec<Problem>> {
+        let mut check = Check { text, problems: Vec::new() };
+        let node = NodeConfig {
+            max_jobs: check.count("node.max_jobs", self.node.max_jobs.as_ref(), 0, MAX_JOBS),
+            max_payload: check.size("node.max_payload", self.node.max_payload.as_ref(), 1 << 20, MAX_PAYLOAD),
+            reply_timeout: check.duration(
+                "node.reply_timeout",
+                self.node.reply_timeout.as_ref(),
+                secs(10),
+                REPLY_TIMEOUT,
+            ),
+            max_attempts: check.count("node.max_attempts", self.node.max_attempts.as_ref(), 3, MAX_ATTEMPTS)
+                as u32,
+            retry_backoff: check.duration(
+                "node.retry_backoff",
+                self.node.retry_backoff.as_ref(),
+                millis(100),
+                RETRY_BACKOFF,
+            ),
+            events_retention: check.count(
+                "node.events_retention",
+                self.node.events_retention.as_ref(),
+                10_000,
+                EVENTS_RETENTION,
+            ),
+            events_max_bytes: check.size(
+                "node.events_max_bytes",
+                self.node.events_max_bytes.as_ref(),
+                64 << 20,
+                EVENTS_MAX_BYTES,
+            ),
+            lease_ttl: check.duration("node.lease_ttl", self.node.lease_ttl.as_ref(), secs(10), LEASE_TTL),
+            shutdown_timeout: check.duration(
+                "node.shutdown_timeout",
+                self.node.shutdown_timeout.as_ref(),
+                secs(30),
+                SHUTDOWN_TIMEOUT,
+            ),
+        };
+        if node.events_max_bytes < node.max_payload
+            && let Some(value) = &self.node.events_max_bytes
+        {
+            check.problem(
+                value,
+                format!(
+                    "`node.events_max_bytes` must be at least `node.max_payload` ({}), or no event fits",
+                    units::show_size(node.max_payload)
+                ),
+            );
+        }
+        let runtime = RuntimeConfig {
+            max_instances: check.count(
+                "runtime.max_instances",
+                self.runtime.max_instances.as_ref(),
+                1000,
+                MAX_INSTANCES,
+            ) as u32,
+            max_memory_per_instance: check.size(
+                "runtime.max_memory_per_instance",
+                self.runtime.max_memory_per_instance.as_ref(),
+                64 << 20,
+                MEMORY,
+            ),
+            cache_dir: self.runtime.cache_dir.map(|dir| base.join(dir)),
+            fuel: self.runtime.fuel.unwrap_or(false),
+        };
+        let mut names = HashSet::new();
+        let mut pools: HashMap<String, String> = HashMap::new();
+        let mut plugins = Vec::new();
+        let mut quotas = Vec::new();
+        for plugin in self.plugin {
+            let name = plugin.name.get_ref().clone();
+            if check.name("plugin", &plugin.name) && !names.insert(name.clone()) {
+                check.problem(
+                    &plugin.name,
+                    format!("plugin name {name:?} is used twice; names must be unique"),
+                );
+            }
+            let path = check.component("plugin", &name, base, &plugin.path);
+            let pool = match &plugin.pool {
+                Some(pool) if !check.name("pool", pool) => name.clone(),
+                Some(pool) => pool.get_ref().clone(),
+                None => name.clone(),
+            };
+            if let Some(other) = pools.insert(pool.clone(), name.clone()) {
+                check.problem(
+                    plugin.pool.as_ref().unwrap_or(&plugin.name),
+                    format!(
+                        "plugin {name:?} serves pool {pool:?}, which plugin {other:?} serves already: a pool is served by one plugin"
+                    ),
+                );
+            }
+            let isolation = match plugin.isolation.as_ref().map(|i| (i, i.get_ref().as_str())) {
+                None | Some((_, "job")) => Isolation::Job,
+                Some((_, "worker")) => Isolation::Worker,
+                Some((spanned, other)) => {
+                    check.problem(
+                        spanned,
+                        format!("`isolation` = {other:?}: allowed are \"job\" and \"worker\""),
+                    );
+                    Isolation::Job
+                }
+            };
+            let limits = check.limits("plugin", &plugin.name, &plugin.limits, &runtime);
+            quotas.push(plugin.limits.instances.clone());
+            plugins.push(PluginConfig {
+                name,
+                path,
+                pool,
+                workers: check.count("workers", plugin.workers.as_ref(), 1, WORKERS) as u32,
+                isolation,
+                limits,
+                settings: plugin.settings,
+            });
+        }
+        let mut schedule_names = HashSet::new();
+        let mut schedules = Vec::new();
+        for schedule in self.schedule {
+            let name = schedule.name.get_ref().clone();
+            let pool = schedule.pool.get_ref().clone();
+            if check.name("schedule", &schedule.name)
+                && check.name("pool", &schedule.pool)
+                && !schedule_names.insert((pool.clone(), name.clone()))
+            {
+                check.problem(
+                    &schedule.name,
+                    format!("schedule {name:?} of pool {pool:?} is declared twice; a pool's schedules need unique names"),
+                );
+            }
+            let path = check.component("schedule", &name, base, &schedule.path);
+            let interval = check.duration("interval", Some(&schedule.interval), secs(1), INTERVAL);
+            let limits = check.limits("schedule", &schedule.name, &schedule.limits, &runtime);
+            quotas.push(schedule.limits.instances.clone());
+            schedules.push(ScheduleConfig {
+                name,
+                path,
+                pool,
+                interval,
+                limits,
+                settings: schedule.settings,
+            });
+        }
+        let shares = check.share_instances(runtime.max_instances, &quotas);
+        let all_limits =
+            plugins.iter_mut().map(|p| &mut p.limits).chain(schedules.iter_mut().map(|s| &mut s.limits));
+        for (limits, share) in all_limits.zip(shares) {
+            limits.instances = share;
+        }
+        let http = self.http.map(|http| check.http(&http, base));
+        let tls_ca_file =
+            self.redis.tls_ca_file.as_ref().map(|file| check.file("redis.tls_ca_file", base, file));
+        let tls_client = match (&self.redis.tls_cert_file, &self.redis.tls_key_file) {
+            (Some(cert), Some(key)) => Some((
+                check.file("redis.tls_cert_file", base, cert),
+                check.file("redis.tls_key_file", base, key),
+            )),
+            (Some(one), None) | (None, Some(one)) => {
+                check.problem(
+                    one,
+                    "`redis.tls_cert_file` and `redis.tls_key_file` go together: set both".into(),
+                );
+                None
+            }
+            (None, None) => None,
+        };
+        if !check.problems.is_empty() {
+            // In file order; those without a line last.
+            check.problems.sort_by_key(|problem| problem.line.unwrap_or(usize::MAX));
+            return Err(check.problems);
+        }
+        let data_dir = base.join(self.redis.data_dir.unwrap_or_else(|| ".pulse-host".into()));
+        Ok(Config {
+            path: Default::default(),
+            redis: RedisConfig { url: self.redis.url.map(Secret::new), data_dir, tls_ca_file, tls_client },
+            node,
+            runtime,
+            plugins,
+            schedules,
+            http,
+        })
+    }
+}
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 100
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+const fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+const fn millis(n: u64) -> Duration {
+    Duration::from_millis(n)
+}

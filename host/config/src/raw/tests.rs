@@ -1,0 +1,164 @@
+//! The checks of config.toml, against files written here.
+
+use std::path::Path;
+
+use crate::parse;
+
+#[test]
+fn every_problem_is_reported_with_its_line() {
+    let text = "[node]\nreply_timeout = \"10 days\"\n\n[[plugin]]\nname = \"a\"\npath = \"missing.wasm\"\nisolation = \"thread\"\n";
+    let error = parse(Path::new("/tmp/x/config.toml"), text).unwrap_err();
+    let lines: Vec<_> = error.problems.iter().map(|p| p.line).collect();
+    assert_eq!(lines, [Some(2), Some(6), Some(7)], "{error}");
+    let message = error.to_string();
+    assert!(
+        message.contains("config.toml:2: `node.reply_timeout` = \"10 days\" is not a duration"),
+        "{message}"
+    );
+    assert!(message.contains("allowed are \"job\" and \"worker\""), "{message}");
+}
+
+#[test]
+fn unknown_keys_are_refused_with_their_line() {
+    let error = parse(Path::new("c.toml"), "[node]\nmax_jbos = 3\n").unwrap_err();
+    assert_eq!(error.problems[0].line, Some(2));
+    assert!(error.to_string().contains("unknown field `max_jbos`"), "{error}");
+}
+
+#[test]
+fn defaults_fill_what_is_absent() {
+    let config = parse(Path::new("/etc/pulse/config.toml"), "").unwrap();
+    assert_eq!(config.node.max_attempts, 3);
+    assert_eq!(config.runtime.max_instances, 1000);
+    assert_eq!(config.redis.url, None);
+    assert_eq!(config.redis.data_dir, Path::new("/etc/pulse/.pulse-host"));
+    assert!(config.plugins.is_empty());
+    assert_eq!(config.node.lease_ttl, std::time::Duration::from_secs(10));
+}
+
+#[test]
+fn schedules_are_checked_like_plugins() {
+    let text = "[[schedule]]\nname = \"keep\"\npath = \"missing.wasm\"\npool = \"a b\"\ninterval = \"5ms\"\n\n\
+                [[schedule]]\nname = \"x\"\npath = \"m.wasm\"\npool = \"p\"\ninterval = \"1s\"\nwhen = 3\n";
+    let error = parse(Path::new("/tmp/x/config.toml"), text).unwrap_err();
+    assert!(error.to_string().contains("unknown field `when`"), "{error}");
+    let error = parse(Path::new("/tmp/x/config.toml"), text.split("\n\n").next().unwrap()).unwrap_err();
+    let lines: Vec<_> = error.problems.iter().map(|p| p.line).collect();
+    assert_eq!(lines, [Some(3), Some(4), Some(5)], "{error}");
+    let message = error.to_string();
+    assert!(message.contains("pool name \"a b\": allowed are"), "{message}");
+    assert!(message.contains("schedule \"keep\": no file at"), "{message}");
+    assert!(message.contains("`interval` = \"5ms\" is out of range: allowed are 10ms to 24h"), "{message}");
+}
+
+#[test]
+fn http_is_off_unless_its_section_is_there() {
+    let config = parse(Path::new("c.toml"), "").unwrap();
+    assert_eq!(config.http, None);
+    let config = parse(Path::new("c.toml"), "[http]\n").unwrap();
+    let http = config.http.unwrap();
+    assert_eq!(http.listen.to_string(), "127.0.0.1:7070");
+    assert_eq!((http.token, http.max_body), (None, 4 << 20));
+    let config = parse(Path::new("c.toml"), "[http]\nlisten = \"8081\"\nmax_body = \"64KiB\"\n").unwrap();
+    let http = config.http.unwrap();
+    assert_eq!((http.listen.to_string(), http.max_body), ("127.0.0.1:8081".to_owned(), 64 << 10));
+}
+
+#[test]
+fn bad_http_settings_are_refused_with_their_lines() {
+    let text = "[http]\nlisten = \"localhost\"\ntoken = \"short\"\nmax_body = \"0B\"\n";
+    let error = parse(Path::new("c.toml"), text).unwrap_err().to_string();
+    assert!(error.contains("c.toml:2: `http.listen` = \"localhost\" is not an address"), "{error}");
+    assert!(error.contains("c.toml:3: `http.token` must be 16 to 4,096 printable"), "{error}");
+    assert!(
+        error.contains("c.toml:4: `http.max_body` = \"0B\" is out of range: allowed are 1B to 1GiB"),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_lease_too_short_to_renew_is_refused() {
+    let config = parse(Path::new("c.toml"), "[node]\nlease_ttl = \"2s\"\n").unwrap();
+    assert_eq!(config.node.lease_ttl, std::time::Duration::from_secs(2));
+    let error = parse(Path::new("c.toml"), "[node]\nlease_ttl = \"100ms\"\n").unwrap_err();
+    assert_eq!(error.problems[0].line, Some(2));
+    assert!(
+        error.to_string().contains("`node.lease_ttl` = \"100ms\" is out of range: allowed are 400ms to 1h"),
+        "{error}"
+    );
+}
+
+#[test]
+fn values_that_would_overflow_or_never_work_are_refused_with_their_lines() {
+    let text = "[node]\nretry_backoff = \"18446744073709551615s\"\nlease_ttl = \"5124095576030431h\"\n\
+                reply_timeout = \"0ms\"\nmax_payload = \"0B\"\nevents_retention = 0\nmax_attempts = 0\n\
+                shutdown_timeout = \"0s\"\n[runtime]\nmax_instances = 0\nmax_memory_per_instance = \"16GiB\"\n";
+    let error = parse(Path::new("c.toml"), text).unwrap_err();
+    let lines: Vec<_> = error.problems.iter().map(|p| p.line).collect();
+    assert_eq!(
+        lines,
+        [Some(2), Some(3), Some(4), Some(5), Some(6), Some(7), Some(8), Some(10), Some(11)],
+        "{error}"
+    );
+    let message = error.to_string();
+    assert!(
+        message.contains(
+            "`node.retry_backoff` = \"18446744073709551615s\" is out of range: allowed are 0ms to 1h"
+        ),
+        "{message}"
+    );
+    assert!(
+        message.contains("`node.events_retention` = 0 is out of range: allowed are 1 to 10000000"),
+        "{message}"
+    );
+    let text = "[node]\nmax_payload = \"16GiB\"\n\n[[plugin]]\nname = \"a\"\npath = \"Cargo.toml\"\nworkers = 1001\n\
+                [plugin.limits]\nmemory = \"0B\"\n";
+    let error = parse(Path::new("c.toml"), text).unwrap_err();
+    let lines: Vec<_> = error.problems.iter().map(|p| p.line).collect();
+    assert_eq!(lines, [Some(2), Some(7), Some(9)], "{error}");
+}
+
+#[test]
+fn a_pool_is_served_by_one_plugin() {
+    let text = "[[plugin]]\nname = \"a\"\npath = \"Cargo.toml\"\npool = \"p\"\n\n\
+                [[plugin]]\nname = \"b\"\npath = \"Cargo.toml\"\npool = \"p\"\n";
+    let error = parse(Path::new("c.toml"), text).unwrap_err();
+    assert_eq!(error.problems.len(), 1, "{error}");
+    assert_eq!(error.problems[0].line, Some(9));
+    assert!(
+        error.to_string().contains("plugin \"b\" serves pool \"p\", which plugin \"a\" serves already"),
+        "{error}"
+    );
+}
+
+#[test]
+fn instances_are_shared_out_so_no_pool_takes_them_all() {
+    let plugin =
+        |name: &str, quota: &str| format!("[[plugin]]\nname = \"{name}\"\npath = \"Cargo.toml\"\n{quota}\n");
+    let text = format!(
+        "[runtime]\nmax_instances = 100\n{}{}{}",
+        plugin("a", ""),
+        plugin("b", ""),
+        plugin("c", "[plugin.limits]\ninstances = 40")
+    );
+    let config = parse(Path::new("c.toml"), &text).unwrap();
+    let shares: Vec<u32> = config.plugins.iter().map(|p| p.limits.instances).collect();
+    assert_eq!(shares, [30, 30, 40]);
+    let text = format!(
+        "[runtime]\nmax_instances = 100\n{}{}",
+        plugin("a", ""),
+        plugin("c", "[plugin.limits]\ninstances = 100")
+    );
+    let error = parse(Path::new("c.toml"), &text).unwrap_err().to_string();
+    assert!(error.contains("add up to 100, and 1 more need at least one each"), "{error}");
+}
+
+#[test]
+fn secrets_stay_out_of_debug_output() {
+    let text =
+        "[redis]\nurl = \"redis://:hunter2hunter2@h/\"\n[http]\ntoken = \"abcdefghijklmnopqrstuvwxyz\"\n";
+    let config = parse(Path::new("c.toml"), text).unwrap();
+    let shown = format!("{config:?}");
+    assert!(!shown.contains("hunter2") && !shown.contains("abcdefghijklmnop"), "{shown}");
+    assert_eq!(config.http.unwrap().token.unwrap().expose(), "abcdefghijklmnopqrstuvwxyz");
+}
