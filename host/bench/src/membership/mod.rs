@@ -21,14 +21,18 @@
 //!   jobs started on the survivor (`moved` against `expected_moves`).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::process::Child;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pulse_pool::{DispatchOutcome, HandlerError, Job, JobContext, JobHandler, JobState, Node, NodeOptions};
+use pulse_pool::{DispatchOutcome, JobState, Node};
 
 use crate::Args;
 use crate::report;
+
+mod counting;
+
+pub use counting::serve_counting;
+use counting::{Counting, Process, options, runs, started_key, starts, starts_of, unix_ms};
 
 type BenchResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
 
@@ -38,145 +42,6 @@ const JOBS: usize = 1_000;
 const LEASE_TTL: Duration = Duration::from_secs(2);
 /// How long a change may take before the scenario gives up on it.
 const PATIENCE: Duration = Duration::from_secs(60);
-
-/// Counts live runs per key in `pulse-bench:{pool}:runs:<pid>`, starts per
-/// key in `pulse-bench:{pool}:starts:<pid>` and all starts in
-/// `pulse-bench:{pool}:starts`; records when each key last started (Unix
-/// ms) in `pulse-bench:{pool}:started:<pid>`.
-#[derive(Clone)]
-struct Counting {
-    conn: redis::aio::MultiplexedConnection,
-    runs: String,
-    starts: String,
-    starts_per_key: String,
-    started_at: String,
-}
-
-impl Counting {
-    async fn new(client: &redis::Client, pool: &str) -> BenchResult<Self> {
-        let conn = client.get_multiplexed_async_connection().await?;
-        let pid = std::process::id();
-        Ok(Self {
-            conn,
-            runs: runs_key(pool, pid),
-            starts: starts_key(pool),
-            starts_per_key: starts_per_key(pool, pid),
-            started_at: started_key(pool, pid),
-        })
-    }
-
-    async fn count(&self, key: &str, delta: i64) -> Result<(), HandlerError> {
-        let mut conn = self.conn.clone();
-        let mut pipe = redis::pipe();
-        pipe.hincr(&self.runs, key, delta).ignore();
-        if delta > 0 {
-            pipe.incr(&self.starts, 1).ignore();
-            pipe.hincr(&self.starts_per_key, key, 1).ignore();
-            pipe.hset(&self.started_at, key, unix_ms()).ignore();
-        }
-        pipe.query_async::<()>(&mut conn).await.map_err(|error| HandlerError::Retryable(error.to_string()))
-    }
-}
-
-fn runs_key(pool: &str, pid: u32) -> String {
-    format!("pulse-bench:{{{pool}}}:runs:{pid}")
-}
-
-fn starts_key(pool: &str) -> String {
-    format!("pulse-bench:{{{pool}}}:starts")
-}
-
-fn starts_per_key(pool: &str, pid: u32) -> String {
-    format!("pulse-bench:{{{pool}}}:starts:{pid}")
-}
-
-fn started_key(pool: &str, pid: u32) -> String {
-    format!("pulse-bench:{{{pool}}}:started:{pid}")
-}
-
-/// This machine's wall clock in Unix milliseconds: the handlers and the
-/// scenario run on one machine.
-fn unix_ms() -> u64 {
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    u64::try_from(now.as_millis()).unwrap_or(u64::MAX)
-}
-
-impl JobHandler for Counting {
-    async fn start(&self, job: Job, _ctx: JobContext) -> Result<(), HandlerError> {
-        self.count(&job.key, 1).await
-    }
-    async fn stop(&self, key: &str) -> Result<(), HandlerError> {
-        self.count(key, -1).await
-    }
-    async fn notify(&self, _key: &str, _payload: Vec<u8>, _seq: u64) -> Result<(), HandlerError> {
-        Ok(())
-    }
-    async fn abandon(&self, key: &str) {
-        let _ = self.count(key, -1).await;
-    }
-}
-
-/// Live runs per key in process `pid`.
-async fn runs(
-    conn: &mut redis::aio::MultiplexedConnection,
-    pool: &str,
-    pid: u32,
-) -> BenchResult<HashMap<String, i64>> {
-    Ok(redis::cmd("HGETALL").arg(runs_key(pool, pid)).query_async(conn).await?)
-}
-
-fn options() -> NodeOptions {
-    NodeOptions { lease_ttl: LEASE_TTL, reply_timeout: Duration::from_secs(30), ..NodeOptions::default() }
-}
-
-/// A process of counting workers (this program as `serve-counting`).
-struct Process(Child);
-
-impl Process {
-    fn spawn(url: &str, pool: &str, workers: usize) -> BenchResult<Self> {
-        let workers = workers.to_string();
-        Ok(Self(crate::process::spawn_ready(&[
-            SERVE_COUNTING,
-            "--redis",
-            url,
-            "--pool",
-            pool,
-            "--workers",
-            &workers,
-        ])?))
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        drop(self.0.stdin.take());
-        let _ = self.0.wait();
-    }
-}
-
-/// The worker process: counting workers until its stdin closes.
-pub fn serve_counting(args: &Args) -> BenchResult {
-    let url = args.redis.clone().ok_or("serve-counting needs --redis")?;
-    let pool = args.pool.clone().ok_or("serve-counting needs --pool")?;
-    let workers = args.workers.ok_or("serve-counting needs --workers")?;
-    let tokio = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    tokio.block_on(async {
-        let client = redis::Client::open(url.as_str())?;
-        let node = Node::join(&client, &pool, options()).await?;
-        let handler = Counting::new(&client, &pool).await?;
-        for _ in 0..workers {
-            node.add_worker(handler.clone()).await?;
-        }
-        println!("ready");
-        tokio::task::spawn_blocking(|| {
-            let mut sink = Vec::new();
-            let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);
-        })
-        .await?;
-        node.close().await;
-        Ok(())
-    })
-}
 
 async fn dispatch_all(node: &Arc<Node>, jobs: usize) -> BenchResult {
     let mut lanes = Vec::new();
@@ -456,19 +321,4 @@ fn spread(
         .field("min_per_worker", jobs_per_worker.min().unwrap_or(0))
         .field("max_slots", slots.values().max().copied().unwrap_or(0))
         .field("min_slots", slots.values().min().copied().unwrap_or(0))
-}
-
-/// Starts per key in process `pid`.
-async fn starts_of(
-    conn: &mut redis::aio::MultiplexedConnection,
-    pool: &str,
-    pid: u32,
-) -> BenchResult<HashMap<String, i64>> {
-    Ok(redis::cmd("HGETALL").arg(starts_per_key(pool, pid)).query_async(conn).await?)
-}
-
-/// Starts so far, in every process of the pool.
-async fn starts(conn: &mut redis::aio::MultiplexedConnection, pool: &str) -> BenchResult<usize> {
-    let starts: Option<usize> = redis::cmd("GET").arg(starts_key(pool)).query_async(conn).await?;
-    Ok(starts.unwrap_or(0))
 }
