@@ -28,14 +28,7 @@ pub struct Loaded {
 /// Builds the runtime and loads every plugin and producer, refusing any
 /// that is not a valid job handler or job producer.
 pub fn load(config: &Config) -> anyhow::Result<Loaded> {
-    let mut runtime_config = RuntimeConfig::default()
-        .max_instances(config.runtime.max_instances)
-        .max_memory_per_instance(config.runtime.max_memory_per_instance)
-        .fuel(config.runtime.fuel);
-    if let Some(dir) = &config.runtime.cache_dir {
-        runtime_config = runtime_config.cache_dir(dir);
-    }
-    let runtime = Runtime::new(runtime_config).context("failed to start the plugin runtime")?;
+    let runtime = Runtime::new(runtime_config(config)).context("failed to start the plugin runtime")?;
     let mut plugins = Vec::new();
     for plugin in &config.plugins {
         let options = PluginOptions {
@@ -55,6 +48,18 @@ pub fn load(config: &Config) -> anyhow::Result<Loaded> {
         producers.push(runtime.load_producer_file(&schedule.name, &schedule.path, options)?);
     }
     Ok(Loaded { runtime, plugins, producers })
+}
+
+/// The runtime's configuration from `[runtime]`.
+fn runtime_config(config: &Config) -> RuntimeConfig {
+    let runtime_config = RuntimeConfig::default()
+        .max_instances(config.runtime.max_instances)
+        .max_memory_per_instance(config.runtime.max_memory_per_instance)
+        .fuel(config.runtime.fuel);
+    match &config.runtime.cache_dir {
+        Some(dir) => runtime_config.cache_dir(dir),
+        None => runtime_config,
+    }
 }
 
 fn limits(limits: &pulse_config::Limits) -> Limits {
@@ -316,5 +321,56 @@ async fn wait_for_signal() -> anyhow::Result<()> {
     tokio::select! {
         result = tokio::signal::ctrl_c() => result.context("failed to listen for SIGINT"),
         _ = terminate.recv() => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    /// The section `header` of config.toml (up to the next table), whose
+    /// values are the documented defaults.
+    fn documented(header: &str) -> String {
+        let file = include_str!("../../../config.toml");
+        let start =
+            file.find(&format!("\n{header}\n")).unwrap_or_else(|| panic!("config.toml has no {header}"));
+        let section = &file[start + 1..];
+        let end = section[header.len()..].find("\n[").map_or(section.len(), |end| end + header.len());
+        section[..end].to_owned()
+    }
+
+    /// A default written in the config crate (what an absent key takes),
+    /// in config.toml (what it documents) and in the library that uses it
+    /// must agree: the library's is the one in force when the pool or the
+    /// runtime is used without a config file.
+    #[test]
+    fn config_toml_and_absent_keys_give_the_libraries_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("p.wasm"), b"").unwrap();
+        let plugin =
+            format!("[[plugin]]\nname = \"p\"\npath = \"p.wasm\"\n{}", documented("[plugin.limits]"));
+        let written = format!("{}\n{}\n{plugin}", documented("[node]"), documented("[runtime]"));
+        let absent = "[[plugin]]\nname = \"p\"\npath = \"p.wasm\"\n";
+        for (what, text) in [("config.toml", written.as_str()), ("absent keys", absent)] {
+            let config = pulse_config::parse(&dir.path().join("config.toml"), text).unwrap();
+            assert_eq!(
+                format!("{:?}", node_options(&config)),
+                format!("{:?}", NodeOptions::default()),
+                "{what}: [node] differs from the pool's defaults"
+            );
+            assert_eq!(
+                format!("{:?}", runtime_config(&config)),
+                format!("{:?}", RuntimeConfig::default()),
+                "{what}: [runtime] differs from the runtime's defaults"
+            );
+            let (limits, defaults) = (limits(&config.plugins[0].limits), Limits::default());
+            assert_eq!(
+                (limits.memory, limits.call_timeout, limits.fuel),
+                (defaults.memory, defaults.call_timeout, defaults.fuel),
+                "{what}: [plugin.limits] differs from the runtime's defaults"
+            );
+        }
     }
 }
