@@ -326,7 +326,6 @@ async fn wait_for_signal() -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use std::path::Path;
 
     use super::*;
 
