@@ -326,7 +326,6 @@ async fn wait_for_signal() -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-
     use super::*;
 
     /// The section `header` of config.toml (up to the next table), whose
