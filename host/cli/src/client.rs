@@ -29,12 +29,19 @@ pub mod exit {
     pub const UNCONFIRMED: u8 = 7;
 }
 
+/// # Cancel safety
+/// Cancel safe up to joining; a node joined and dropped leaves its reply
+/// stream to expire.
 pub async fn connect(client: &redis::Client, pool: &str, options: NodeOptions) -> anyhow::Result<Node> {
     Node::client(client, pool, options).await.with_context(|| format!("failed to reach pool {pool:?}"))
 }
 
 /// Leaves the pool, giving up after 2 s: a client whose Redis went away
 /// has nothing to clean up that would not expire, and must still exit.
+///
+/// # Cancel safety
+/// Not cancel safe: call it to completion so the node leaves nothing
+/// behind.
 pub async fn close(node: &Node) {
     if tokio::time::timeout(std::time::Duration::from_secs(2), node.close()).await.is_err() {
         tracing::warn!(pool = node.pool(), "Redis did not answer while leaving the pool; exiting anyway");
@@ -42,6 +49,9 @@ pub async fn close(node: &Node) {
 }
 
 /// A read-only view of `pool`: it does not join the pool.
+///
+/// # Cancel safety
+/// Cancel safe: it only connects.
 pub async fn view(client: &redis::Client, pool: &str) -> anyhow::Result<PoolView> {
     PoolView::open(client, pool).await.with_context(|| format!("failed to reach pool {pool:?}"))
 }
@@ -68,6 +78,10 @@ pub fn dispatch_code(outcome: &DispatchOutcome) -> (u8, String) {
 /// outcome is unknown (they may have been accepted) are listed on stderr
 /// as `unknown: KEY`, the jobs not sent as `not sent: KEY`, and the exit
 /// code is 7 (unconfirmed).
+///
+/// # Cancel safety
+/// Not cancel safe: the jobs sent so far are dispatched; the rest are
+/// not.
 pub async fn dispatch_many(node: &Node, file: &std::path::Path) -> anyhow::Result<u8> {
     use futures_util::StreamExt;
 
@@ -200,6 +214,9 @@ pub fn print_nodes(nodes: &[pulse_pool::NodeInfo], as_json: bool) {
 
 /// Prints what plugins emitted in `pool`: every event up to the newest one
 /// at the call; with `follow`, then every new one until interrupted.
+///
+/// # Cancel safety
+/// Cancel safe: it reads and prints; dropping it stops following.
 pub async fn events(
     client: &redis::Client,
     pool: &str,

@@ -35,6 +35,10 @@ pub struct Embedded {
 impl Embedded {
     /// Adopts the server already answering in `data_dir` (left by a host
     /// that was killed), or starts one.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: a server started but not returned keeps running until
+    /// the process exits.
     pub async fn start(data_dir: &Path) -> anyhow::Result<Self> {
         let url = url(data_dir);
         if answers(&url).await {
@@ -96,6 +100,10 @@ impl Embedded {
     }
 
     /// Stops the server, writing its append-only file first.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: call it to completion, or the server may outlive the
+    /// host.
     pub async fn stop(self) {
         let Ok(client) = redis::Client::open(self.url.as_str()) else { return };
         let Ok(mut conn) = client.get_multiplexed_async_connection().await else { return };
@@ -106,6 +114,9 @@ impl Embedded {
 }
 
 /// Whether a Redis at `url` answers PING.
+///
+/// # Cancel safety
+/// Cancel safe: it only reads.
 pub async fn answers(url: &str) -> bool {
     let Ok(client) = redis::Client::open(url) else { return false };
     let connect = tokio::time::timeout(Duration::from_secs(2), client.get_multiplexed_async_connection());

@@ -95,6 +95,9 @@ pub fn node_options(config: &Config) -> NodeOptions {
     }
 }
 
+/// # Cancel safety
+/// Not cancel safe: dropping it skips the leaving; the host's workers are
+/// then evicted when their leases end.
 pub async fn run(config: &Config, client: &redis::Client) -> anyhow::Result<()> {
     // First: the API answers /healthz (and /readyz: not yet) while plugins
     // load, and the metrics recorder must exist before they take handles.

@@ -122,6 +122,9 @@ impl Api {
     ///
     /// # Errors
     /// Redis failures opening what the pool's jobs emitted.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: nothing is registered until it returns.
     pub async fn add_pool(&self, node: Arc<Node>, workers_here: bool) -> Result<(), pulse_pool::Error> {
         let events = node.emitted().await?;
         let pool = Pool { node: node.clone(), events, workers_here };

@@ -41,6 +41,10 @@ impl Default for ServeOptions {
 ///
 /// # Errors
 /// None today: a failed accept is logged and retried.
+///
+/// # Cancel safety
+/// Cancel safe: dropping it stops accepting; connections already served
+/// end with their tasks.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     api: Api,

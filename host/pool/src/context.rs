@@ -88,6 +88,10 @@ impl JobContext {
     ///
     /// # Errors
     /// [`ContextError`].
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: once sent, the write happens whether or not the
+    /// future is polled to completion.
     pub async fn save_state(&self, state: &[u8]) -> Result<(), ContextError> {
         self.check_size(state.len())?;
         let keys = &self.core.keys;
@@ -109,6 +113,10 @@ impl JobContext {
     ///
     /// # Errors
     /// [`ContextError`].
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: once sent, the write happens whether or not the
+    /// future is polled to completion.
     pub async fn emit(&self, payload: &[u8]) -> Result<String, ContextError> {
         self.check_size(payload.len())?;
         let keys = &self.core.keys;
@@ -133,6 +141,10 @@ impl JobContext {
     ///
     /// # Errors
     /// [`ContextError`].
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: once sent, the write happens whether or not the
+    /// future is polled to completion.
     pub async fn complete(&self) -> Result<(), ContextError> {
         let keys = &self.core.keys;
         let done: i64 = self
@@ -158,6 +170,10 @@ impl JobContext {
     ///
     /// # Errors
     /// [`ContextError`].
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: once sent, the write happens whether or not the
+    /// future is polled to completion.
     pub async fn fail(&self, reason: &str) -> Result<(), ContextError> {
         if !self.core.fail(&self.worker, &self.key, &self.token, reason, 0).await.map_err(unavailable)? {
             return Err(self.refused().await);

@@ -75,6 +75,9 @@ impl Schedule {
 
     /// Waits until the schedule is over: its producer answered
     /// [`ProducerError::Finished`] (on any node) or its ticker was stopped.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only waits.
     pub async fn ended(&mut self) {
         let _ = (&mut self.task).await;
     }
@@ -95,6 +98,9 @@ impl Node {
     /// # Errors
     /// [`crate::Error::InvalidTicker`], [`crate::Error::ZeroInterval`], or
     /// Redis failures.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the schedule's task starts only once it returns.
     pub async fn schedule<P: JobProducer>(
         self: &Arc<Self>,
         name: &str,
@@ -111,6 +117,10 @@ impl Node {
     /// # Errors
     /// Redis failures reading or recording the schedule's jobs; failures of
     /// single dispatches and stops are logged and counted instead.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: the dispatches and stops sent before it is dropped
+    /// take effect; the rest do not (the next plan applies them).
     pub async fn apply_plan(self: &Arc<Self>, name: &str, plan: Plan) -> Result<Applied> {
         let core = &self.core;
         let set = core.keys.schedule(name);

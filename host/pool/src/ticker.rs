@@ -80,6 +80,10 @@ impl Ticker {
 
     /// The next tick fired on this node; `None` once the ticker was stopped
     /// (here or on another node).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a tick is fired (and its sequence number taken) only when
+    /// returned.
     pub async fn tick(&mut self) -> Option<Tick> {
         self.ticks.recv().await
     }
@@ -90,6 +94,10 @@ impl Ticker {
     ///
     /// # Errors
     /// [`Error::Redis`] when the entry could not be written.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: once sent, the write happens whether or not the
+    /// future is polled to completion.
     pub async fn stop(self) -> Result<()> {
         self.task.abort();
         let mut conn = self.core.conn.clone();
@@ -120,6 +128,9 @@ impl Node {
     ///
     /// # Errors
     /// [`Error::InvalidTicker`], [`Error::ZeroInterval`], or Redis failures.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the ticker is written by its first tick, not here.
     pub async fn ticker(&self, name: &str, interval: Duration) -> Result<Ticker> {
         Ticker::new(self.core.clone(), name, interval, false).await
     }

@@ -137,7 +137,7 @@ impl RuntimeConfig {
     }
 
     /// Checks that the pool fits this machine: its address space within
-    /// [`ADDRESS_SPACE_BUDGET`] and its memory mappings within the kernel's
+    /// `ADDRESS_SPACE_BUDGET` and its memory mappings within the kernel's
     /// `vm.max_map_count`.
     ///
     /// # Errors

@@ -97,6 +97,10 @@ impl Instance {
     /// # Errors
     /// [`CallError::AlreadyRunning`], the handler's refusal, or the trap or
     /// limit that ended the call; the job does not run here afterwards.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: a guest call dropped part way leaves the instance in
+    /// whatever state the guest reached; drop the instance then.
     pub async fn start(&mut self, job: &Job) -> Result<(), CallError> {
         if self.runs(&job.key) {
             return Err(CallError::AlreadyRunning(job.key.clone()));
@@ -114,6 +118,9 @@ impl Instance {
     ///
     /// # Errors
     /// [`CallError::NotRunning`], or the handler's error, trap or limit.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe (see [`Instance::start`]).
     pub async fn stop(&mut self, key: &str) -> Result<(), CallError> {
         if !self.runs(key) {
             return Err(CallError::NotRunning(key.to_owned()));
@@ -128,6 +135,9 @@ impl Instance {
     /// # Errors
     /// [`CallError::NotRunning`], or the handler's error, trap or limit;
     /// when [`CallError::ends_job`] holds, the job no longer runs here.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe (see [`Instance::start`]).
     pub async fn notify(&mut self, key: &str, payload: &[u8]) -> Result<(), CallError> {
         if !self.runs(key) {
             return Err(CallError::NotRunning(key.to_owned()));

@@ -156,6 +156,9 @@ impl Recorder {
 
     /// Waits until `done` holds for the outputs so far, or `timeout` passes.
     /// Returns the outputs either way; the caller asserts on them.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only waits.
     pub async fn wait_until(&self, timeout: Duration, done: impl Fn(&[Output]) -> bool) -> Vec<Output> {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {

@@ -116,6 +116,10 @@ impl Plugin {
     /// # Errors
     /// [`CallError::Instantiate`] when the pool is full or instantiation
     /// traps.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: an instance made but not returned is dropped, and its
+    /// quota slot with it.
     pub async fn instantiate(&self, outputs: Arc<dyn JobOutputs>) -> Result<Instance, CallError> {
         // A sender whose receiver is already gone: ticks go nowhere.
         let (commands, _) = tokio::sync::mpsc::channel(1);

@@ -105,6 +105,10 @@ impl Producer {
     /// # Errors
     /// [`CallError::Guest`] with [`JobError::Retryable`] when the producer
     /// answered `failed`; the trap or limit that ended the call.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the guest call runs on its own instance, which is dropped
+    /// with the future.
     pub async fn plan(&self) -> Result<PlanAnswer, CallError> {
         let inner = &self.inner;
         let state = HostState::new(

@@ -66,6 +66,10 @@ impl JobRunner {
     /// [`CallError::AlreadyRunning`] when the key runs here; otherwise the
     /// handler's refusal or the trap or limit that ended the call. After any
     /// error the job does not run here.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: the call runs on the job's instance task whether or
+    /// not its answer is awaited.
     pub async fn start(&self, job: Job) -> Result<(), CallError> {
         let key = job.key.clone();
         let route = {
@@ -102,6 +106,9 @@ impl JobRunner {
     /// # Errors
     /// [`CallError::NotRunning`] when the key does not run here; otherwise
     /// the handler's error, a trap or a limit (the job is stopped anyway).
+    ///
+    /// # Cancel safety
+    /// Not cancel safe (see [`JobRunner::start`]).
     pub async fn stop(&self, key: &str) -> Result<(), CallError> {
         let route = self.inner.route(key)?;
         let result = request(&route, key, |reply| Command::Stop { key: key.to_owned(), reply }).await;
@@ -115,6 +122,9 @@ impl JobRunner {
     /// [`CallError::NotRunning`] when the key does not run here; otherwise
     /// the handler's error, a trap or a limit. When
     /// [`CallError::ends_job`] holds, the job no longer runs.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe (see [`JobRunner::start`]).
     pub async fn notify(&self, key: &str, payload: Vec<u8>) -> Result<(), CallError> {
         let route = self.inner.route(key)?;
         let result =
@@ -130,6 +140,9 @@ impl JobRunner {
     /// Drops job `key` without calling into it (no `stop`, no timer from
     /// now on): its host lost it. Calls queued for it before are answered
     /// first. Nothing happens for a key that does not run here.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the job's instance is dropped either way.
     pub async fn abandon(&self, key: &str) {
         let Ok(route) = self.inner.route(key) else { return };
         let _ = route.commands.send(Command::Abandon { key: key.to_owned() }).await;
@@ -148,6 +161,10 @@ impl JobRunner {
 
     /// Drops every instance without calling the handlers (the jobs' owner
     /// decides what to stop first) and waits for their tasks to end.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: instances not yet closed when it is dropped are
+    /// dropped without waiting.
     pub async fn close(self) {
         {
             let mut routes = self.inner.lock();

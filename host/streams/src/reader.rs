@@ -186,6 +186,10 @@ impl Reader {
 
     /// Stops reading, promptly (an `XREAD` in flight is abandoned with its
     /// connection), and ends every subscription. Safe to call twice.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the reader's task is cancelled first; a second call
+    /// finishes waiting for it.
     pub async fn close(&self) {
         self.token.cancel();
         self.tasks.close();

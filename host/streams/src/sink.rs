@@ -159,6 +159,10 @@ impl Sink {
     ///
     /// # Errors
     /// [`Error::Redis`].
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: once sent, the write happens whether or not the
+    /// future is polled to completion.
     pub async fn ack(&self, id: &str) -> Result<()> {
         let mut conn = self.shared.stream.inner.conn.clone();
         self.shared.ack(&mut conn, id).await.map_err(|e| self.shared.error("acknowledge an event", e))
@@ -168,6 +172,10 @@ impl Sink {
     /// no pending entry; otherwise it stays until live consumers have
     /// claimed its entries. Events already received but not acknowledged
     /// will be delivered again. Safe to call twice.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the sink's task is cancelled first; a second call
+    /// finishes waiting for it.
     pub async fn close(&mut self) {
         self.token.cancel();
         self.tasks.wait().await;

@@ -80,6 +80,9 @@ impl Stream {
     /// # Errors
     /// [`Error::InvalidName`], or [`Error::Redis`] when Redis cannot be
     /// reached.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only connects.
     pub async fn open(client: &redis::Client, name: &str, options: StreamOptions) -> Result<Self> {
         validate_name("stream name", name)?;
         let tag = options.hash_tag.clone().unwrap_or_else(|| name.to_owned());
@@ -146,6 +149,9 @@ impl Stream {
     ///
     /// # Errors
     /// [`Error::Redis`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
     pub async fn len(&self) -> Result<usize> {
         let mut conn = self.inner.conn.clone();
         redis::cmd("XLEN")
@@ -160,6 +166,9 @@ impl Stream {
     ///
     /// # Errors
     /// [`Error::Redis`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
     pub async fn latest(&self, count: usize) -> Result<Vec<crate::Event>> {
         let reply = self.newest(count).await.map_err(|source| Error::Redis {
             op: "read events",
@@ -190,6 +199,9 @@ impl Stream {
     ///
     /// # Errors
     /// [`Error::Redis`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
     pub async fn range(
         &self,
         after: Option<&str>,
@@ -215,6 +227,9 @@ impl Stream {
     ///
     /// # Errors
     /// [`Error::Redis`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
     pub async fn last_id(&self) -> Result<Option<String>> {
         self.last_entry_id().await.map_err(|source| Error::Redis {
             op: "read the last id",
@@ -233,6 +248,10 @@ impl Stream {
     ///
     /// # Errors
     /// [`Error::Redis`].
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: once sent, the write happens whether or not the
+    /// future is polled to completion.
     pub async fn destroy(&self) -> Result<()> {
         let keys = &self.inner.keys;
         let mut conn = self.inner.conn.clone();
@@ -251,6 +270,9 @@ impl Stream {
     ///
     /// # Errors
     /// [`Error::Redis`] when the start position cannot be resolved.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a reader started but not returned is closed when dropped.
     pub async fn reader(&self, options: ReaderOptions) -> Result<Reader> {
         Reader::new(self.clone(), options).await
     }
@@ -260,6 +282,10 @@ impl Stream {
     ///
     /// # Errors
     /// [`Error::InvalidName`], [`Error::InvalidOption`] or [`Error::Redis`].
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: the consumer group may be created before it is
+    /// dropped (harmless: a later sink of the group joins it).
     pub async fn sink(&self, group: &str, options: SinkOptions) -> Result<Sink> {
         Sink::join(self.clone(), group, options).await
     }

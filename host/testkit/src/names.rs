@@ -27,6 +27,9 @@ pub fn unique(base: &str) -> String {
 ///
 /// # Panics
 /// When Redis does not answer.
+///
+/// # Cancel safety
+/// Cancel safe: it only reads.
 pub async fn keys_under(conn: &mut MultiplexedConnection, name: &str) -> Vec<String> {
     let pattern = format!("*{name}*");
     let mut cursor: u64 = 0;
@@ -57,6 +60,9 @@ pub async fn keys_under(conn: &mut MultiplexedConnection, name: &str) -> Vec<Str
 ///
 /// # Panics
 /// When keys remain, or Redis does not answer.
+///
+/// # Cancel safety
+/// Cancel safe: it only reads.
 pub async fn assert_no_keys(conn: &mut MultiplexedConnection, name: &str) {
     let keys = keys_under(conn, name).await;
     if keys.is_empty() {

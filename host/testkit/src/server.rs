@@ -109,6 +109,9 @@ impl RedisServer {
     }
 
     /// A new multiplexed connection to this server.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only connects.
     pub async fn connect(&self) -> MultiplexedConnection {
         connect(&self.url).await
     }
@@ -294,6 +297,9 @@ pub fn shared_redis_url() -> &'static str {
 ///
 /// # Panics
 /// When the URL is invalid or the server does not answer.
+///
+/// # Cancel safety
+/// Cancel safe: it only connects.
 pub async fn connect(url: &str) -> MultiplexedConnection {
     let client = redis::Client::open(url).unwrap_or_else(|err| panic!("invalid Redis URL {url:?}: {err}"));
     client

@@ -87,6 +87,10 @@ impl Node {
     ///
     /// # Errors
     /// [`Error::InvalidKey`] or Redis failures; answers are [`EventOutcome`]s.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: once routed, the stop is delivered whether or not its
+    /// answer is awaited.
     pub async fn stop(&self, key: &str) -> Result<EventOutcome> {
         self.validate(key, 0)?;
         self.send_event("stop", key, b"").await
@@ -97,6 +101,10 @@ impl Node {
     ///
     /// # Errors
     /// As [`Node::stop`], and [`Error::PayloadTooLarge`].
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: once routed, the notification is delivered whether or
+    /// not its answer is awaited.
     pub async fn notify(&self, key: &str, payload: &[u8]) -> Result<EventOutcome> {
         self.validate(key, payload.len())?;
         self.send_event("notify", key, payload).await
@@ -107,6 +115,10 @@ impl Node {
     ///
     /// # Errors
     /// Redis failures.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: once sent, the write happens whether or not the
+    /// future is polled to completion.
     pub async fn retry(&self, key: &str) -> Result<bool> {
         self.validate(key, 0)?;
         let reset = self.reset_failed(key, "retry").await?;
@@ -121,6 +133,10 @@ impl Node {
     ///
     /// # Errors
     /// Redis failures.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: once sent, the write happens whether or not the
+    /// future is polled to completion.
     pub async fn forget(&self, key: &str) -> Result<bool> {
         self.validate(key, 0)?;
         self.reset_failed(key, "forget").await

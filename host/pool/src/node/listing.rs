@@ -66,6 +66,9 @@ impl Node {
     ///
     /// # Errors
     /// Redis failures.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
     pub async fn status(&self, key: &str) -> Result<Option<JobInfo>> {
         status(&mut self.core.conn.clone(), &self.core.keys, key).await
     }
@@ -74,6 +77,9 @@ impl Node {
     ///
     /// # Errors
     /// Redis failures.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
     pub async fn jobs(&self) -> Result<Vec<JobInfo>> {
         all_jobs(&mut self.core.conn.clone(), &self.core.keys).await
     }
@@ -86,6 +92,9 @@ impl Node {
     ///
     /// # Errors
     /// Redis failures.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
     pub async fn jobs_page(&self, cursor: u64, count: usize) -> Result<(u64, Vec<JobInfo>)> {
         jobs_page(&mut self.core.conn.clone(), &self.core.keys, cursor, count).await
     }
@@ -95,6 +104,9 @@ impl Node {
     ///
     /// # Errors
     /// Redis failures.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
     pub async fn job_counts(&self) -> Result<JobCounts> {
         let keys = &self.core.keys;
         let mut invocation = crate::scripts::COUNTS.key(&keys.jobs);
@@ -118,6 +130,9 @@ impl Node {
     ///
     /// # Errors
     /// Redis failures.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
     pub async fn workers(&self) -> Result<Vec<WorkerInfo>> {
         let (slots, workers) = (self.core.slots.snapshot(), self.core.workers.snapshot());
         workers_of(&mut self.core.conn.clone(), &self.core.keys, slots, workers).await
@@ -146,6 +161,9 @@ impl PoolView {
     ///
     /// # Errors
     /// [`Error::InvalidPool`]; Redis failures.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only connects.
     pub async fn open(client: &redis::Client, pool: &str) -> Result<Self> {
         validate_pool(pool)?;
         let conn = client.get_multiplexed_async_connection().await.map_err(|source| Error::Redis {
@@ -160,6 +178,9 @@ impl PoolView {
     ///
     /// # Errors
     /// Redis failures.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
     pub async fn status(&self, key: &str) -> Result<Option<JobInfo>> {
         status(&mut self.conn.clone(), &self.keys, key).await
     }
@@ -168,6 +189,9 @@ impl PoolView {
     ///
     /// # Errors
     /// Redis failures.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
     pub async fn jobs(&self) -> Result<Vec<JobInfo>> {
         all_jobs(&mut self.conn.clone(), &self.keys).await
     }
@@ -176,6 +200,9 @@ impl PoolView {
     ///
     /// # Errors
     /// Redis failures.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
     pub async fn workers(&self) -> Result<Vec<WorkerInfo>> {
         let (slots, workers) = self.maps().await?;
         workers_of(&mut self.conn.clone(), &self.keys, slots, workers).await
@@ -185,6 +212,9 @@ impl PoolView {
     ///
     /// # Errors
     /// Redis failures.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
     pub async fn nodes(&self) -> Result<Vec<NodeInfo>> {
         let (_, workers) = self.maps().await?;
         Ok(nodes_of(workers))

@@ -27,6 +27,10 @@ impl Node {
     ///
     /// # Errors
     /// [`Error::ClientOnly`] on a client-only node; Redis failures.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: a worker that joined before the future was dropped
+    /// stays a member without a handle; close the node.
     pub async fn add_worker<H: JobHandler>(&self, handler: H) -> Result<String> {
         if self.client_only {
             return Err(Error::ClientOnly);
@@ -58,6 +62,10 @@ impl Node {
     ///
     /// # Errors
     /// Redis failures.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: once sent, the write happens whether or not the
+    /// future is polled to completion.
     pub async fn claim_handler(&self, identity: &str) -> Result<Option<String>> {
         let core = &self.core;
         let mut conn = core.conn.clone();
@@ -78,6 +86,11 @@ impl Node {
     ///
     /// # Errors
     /// Redis failures.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: dropped part way, the worker may have given up its
+    /// slots without handing its jobs back; they are queued when it is
+    /// evicted.
     pub async fn remove_worker(&self, id: &str) -> Result<()> {
         self.remove_workers(&[id.to_owned()]).await
     }
@@ -127,6 +140,10 @@ impl Node {
     ///
     /// # Errors
     /// Redis failures.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: once the shutdown flag is set the pool shuts down;
+    /// call it again to finish removing its keys.
     pub async fn shutdown(&self, timeout: Duration) -> Result<u64> {
         let core = &self.core;
         let mut conn = core.conn.clone();

@@ -72,6 +72,10 @@ impl Node {
     ///
     /// # Errors
     /// [`Error::InvalidPool`], or Redis failures.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a node dropped before it returns has no workers; its
+    /// tasks end with it.
     pub async fn join(client: &redis::Client, pool: &str, options: NodeOptions) -> Result<Self> {
         Self::start(client, pool, options, false).await
     }
@@ -81,6 +85,9 @@ impl Node {
     ///
     /// # Errors
     /// As [`Node::join`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe (see [`Node::join`]).
     pub async fn client(client: &redis::Client, pool: &str, options: NodeOptions) -> Result<Self> {
         Self::start(client, pool, options, true).await
     }
@@ -141,6 +148,9 @@ impl Node {
     /// Waits until the pool shuts down ([`Node::shutdown`], from any node)
     /// and this node's workers have stopped their jobs and left. Never
     /// resolves on a client-only node.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only waits.
     pub async fn pool_shut_down(&self) {
         let mut stopped = self.stopped.clone();
         if stopped.wait_for(|stopped| *stopped).await.is_err() {
@@ -184,6 +194,10 @@ impl Node {
     /// Leaves the pool: every worker of this node leaves (its jobs are
     /// handed to the remaining workers, or wait for one), then the node's
     /// tasks stop. Never panics; errors are logged.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: call it to completion so every worker hands its jobs
+    /// back.
     pub async fn close(&self) {
         let workers: Vec<String> = self.lock_workers().keys().cloned().collect();
         if let Err(error) = self.remove_workers(&workers).await {

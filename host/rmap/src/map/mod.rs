@@ -116,6 +116,9 @@ impl Map {
     ///
     /// # Errors
     /// [`Error::InvalidName`]; [`Error::Redis`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
     pub async fn read_once<C>(
         conn: &mut C,
         name: &str,
@@ -270,6 +273,10 @@ impl Map {
     /// Stops following Redis and ends every subscription. Reads keep
     /// answering from the last state; writes fail with [`Error::Closed`].
     /// Idempotent.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the map's tasks are cancelled first; a second call
+    /// finishes waiting for them.
     pub async fn close(&self) {
         self.handle.token.cancel();
         self.handle.tasks.wait().await;

@@ -81,6 +81,9 @@ impl Map {
     ///
     /// # Errors
     /// As [`Map::set`].
+    ///
+    /// # Cancel safety
+    /// Not cancel safe (see [`Map::set`]).
     pub async fn set_if_not_exists(&self, key: &str, value: &str) -> Result<bool> {
         validate_key(key)?;
         let (rev, _): (u64, String) =
@@ -93,6 +96,9 @@ impl Map {
     ///
     /// # Errors
     /// As [`Map::set`].
+    ///
+    /// # Cancel safety
+    /// Not cancel safe (see [`Map::set`]).
     pub async fn test_and_set(&self, key: &str, test: &str, value: &str) -> Result<Swap> {
         validate_key(key)?;
         let (rev, _, previous): (u64, String, Option<String>) =
@@ -104,6 +110,9 @@ impl Map {
     ///
     /// # Errors
     /// As [`Map::set`].
+    ///
+    /// # Cancel safety
+    /// Not cancel safe (see [`Map::set`]).
     pub async fn delete(&self, key: &str) -> Result<Option<String>> {
         validate_key(key)?;
         let (_, _, previous): (u64, String, Option<String>) =
@@ -115,6 +124,9 @@ impl Map {
     ///
     /// # Errors
     /// As [`Map::set`].
+    ///
+    /// # Cancel safety
+    /// Not cancel safe (see [`Map::set`]).
     pub async fn test_and_delete(&self, key: &str, test: &str) -> Result<Swap> {
         validate_key(key)?;
         let (rev, _, previous): (u64, String, Option<String>) =
@@ -127,6 +139,9 @@ impl Map {
     ///
     /// # Errors
     /// As [`Map::set`].
+    ///
+    /// # Cancel safety
+    /// Not cancel safe (see [`Map::set`]).
     pub async fn test_and_reset(&self, tests: &[(&str, &str)]) -> Result<bool> {
         let mut args = Vec::with_capacity(tests.len() * 2);
         for (key, test) in tests {
@@ -141,6 +156,9 @@ impl Map {
     ///
     /// # Errors
     /// [`Error::Closed`] or [`Error::Redis`].
+    ///
+    /// # Cancel safety
+    /// Not cancel safe (see [`Map::set`]).
     pub async fn reset(&self) -> Result<()> {
         let _: (u64, String) = self.run("reset", &scripts::RESET, &[]).await?;
         Ok(())
@@ -151,6 +169,9 @@ impl Map {
     ///
     /// # Errors
     /// [`Error::Closed`] or [`Error::Redis`].
+    ///
+    /// # Cancel safety
+    /// Not cancel safe (see [`Map::set`]).
     pub async fn destroy(&self) -> Result<()> {
         let _: (u64, String) = self.run("destroy", &scripts::DESTROY, &[]).await?;
         Ok(())
@@ -161,6 +182,9 @@ impl Map {
     ///
     /// # Errors
     /// As [`Map::set`]; [`Error::Redis`] when the value is not an integer.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe (see [`Map::set`]).
     pub async fn increment(&self, key: &str, delta: i64) -> Result<i64> {
         validate_key(key)?;
         let delta = delta.to_string();
@@ -173,6 +197,9 @@ impl Map {
     ///
     /// # Errors
     /// As [`Map::set`].
+    ///
+    /// # Cancel safety
+    /// Not cancel safe (see [`Map::set`]).
     pub async fn append_values(&self, key: &str, items: &[&str]) -> Result<Vec<String>> {
         self.append(key, items, false).await
     }
@@ -182,6 +209,9 @@ impl Map {
     ///
     /// # Errors
     /// As [`Map::set`].
+    ///
+    /// # Cancel safety
+    /// Not cancel safe (see [`Map::set`]).
     pub async fn append_unique_values(&self, key: &str, items: &[&str]) -> Result<Vec<String>> {
         self.append(key, items, true).await
     }
@@ -192,6 +222,9 @@ impl Map {
     ///
     /// # Errors
     /// As [`Map::set`].
+    ///
+    /// # Cancel safety
+    /// Not cancel safe (see [`Map::set`]).
     pub async fn remove_values(&self, key: &str, items: &[&str]) -> Result<Option<Vec<String>>> {
         validate_key(key)?;
         let mut args = vec![key];
