@@ -58,9 +58,33 @@ impl WorkerProcess {
         self.child.wait().unwrap();
     }
 
+    /// Sends `signal`; a `-STOP` returns once every thread of the process
+    /// has stopped. Linux stops a multi-threaded process in steps: the
+    /// signal wakes one thread, which then stops the others, so they may
+    /// run on for a moment after `kill` returns (under load, long enough to
+    /// process an event sent after it): a test that marks the process
+    /// frozen must not do so before it is.
     pub(crate) fn signal(&self, signal: &str) {
         let status = Command::new("kill").args([signal, &self.pid().to_string()]).status().unwrap();
         assert!(status.success());
+        if signal == "-STOP" {
+            let deadline = Instant::now() + PATIENCE;
+            while !self.stopped() {
+                assert!(Instant::now() < deadline, "process {} did not stop", self.pid());
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
+
+    /// Whether every thread of the process is stopped (state `T`).
+    fn stopped(&self) -> bool {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", self.pid())) else { return false };
+        tasks.flatten().all(|task| {
+            std::fs::read_to_string(task.path().join("stat")).is_ok_and(|stat| {
+                // `pid (comm) state ...`: the state follows the last ')'.
+                stat.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with(['T', 't']))
+            })
+        })
     }
 
     /// Closes the node (its jobs go to the others) and waits for the exit.

@@ -43,14 +43,19 @@ pub fn install() -> PrometheusHandle {
                 .install_recorder()
                 .expect("no other metrics recorder is installed in this process");
             describe();
+            // Owned by the recorder, which lives as long as the process: a
+            // thread of its own, not a task of whichever runtime installed
+            // it first (which may end while the recorder goes on).
             let upkeep = handle.clone();
-            tokio::spawn(async move {
-                let mut ticks = tokio::time::interval(UPKEEP);
-                loop {
-                    ticks.tick().await;
-                    upkeep.run_upkeep();
-                }
-            });
+            std::thread::Builder::new()
+                .name("pulse-metrics-upkeep".into())
+                .spawn(move || {
+                    loop {
+                        std::thread::sleep(UPKEEP);
+                        upkeep.run_upkeep();
+                    }
+                })
+                .expect("a thread can be started at startup");
             handle
         })
         .clone()

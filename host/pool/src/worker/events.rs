@@ -5,6 +5,7 @@
 use std::collections::VecDeque;
 
 use tokio::time::Instant;
+use tracing::Instrument as _;
 
 use crate::context::{Ended, JobContext};
 use crate::core::Outcome;
@@ -69,7 +70,8 @@ impl<H: JobHandler> Worker<H> {
                     return;
                 }
                 self.running.remove(&event.key);
-                if let Err(error) = self.handler.stop(&event.key).await {
+                let span = self.call_span("stop", &event.key, &event.token);
+                if let Err(error) = self.handler.stop(&event.key).instrument(span).await {
                     tracing::warn!(job.key = %event.key, error = %error, "handler failed to stop a superseded run");
                 }
             }
@@ -100,7 +102,8 @@ impl<H: JobHandler> Worker<H> {
         if !self.may_call() {
             return;
         }
-        match self.handler.start(job.clone(), ctx).await {
+        let span = self.call_span("start", &job.key, &event.token);
+        match self.handler.start(job.clone(), ctx).instrument(span).await {
             Ok(()) => {
                 self.running.insert(
                     job.key.clone(),
@@ -174,7 +177,8 @@ impl<H: JobHandler> Worker<H> {
         if !self.may_call() {
             return;
         }
-        let result = self.handler.stop(&event.key).await;
+        let span = self.call_span("stop", &event.key, &token);
+        let result = self.handler.stop(&event.key).instrument(span).await;
         self.running.remove(&event.key);
         self.finish(&event.key, &token).await;
         match result {
@@ -192,7 +196,8 @@ impl<H: JobHandler> Worker<H> {
         if !self.may_call() {
             return;
         }
-        match self.handler.notify(&event.key, payload.clone(), event.seq).await {
+        let span = self.call_span("notify", &event.key, &event.token);
+        match self.handler.notify(&event.key, payload.clone(), event.seq).instrument(span).await {
             Ok(()) => self.reply(&event, Outcome::Notified, "").await,
             Err(HandlerError::Fatal(message)) => {
                 if let Some(running) = self.running.remove(&event.key) {

@@ -8,6 +8,7 @@ use std::collections::{HashMap, HashSet};
 use futures_util::StreamExt as _;
 use pulse_streams::{ReaderEvent, ReaderSubscription, id_after};
 use tokio::sync::mpsc;
+use tracing::Instrument as _;
 
 use crate::context::Ended;
 use crate::job::JobHandler;
@@ -104,30 +105,35 @@ impl<H: JobHandler> Worker<H> {
         for key in &keys {
             self.running.remove(key);
         }
-        self.stop_all(&keys, "it hands back").await;
+        self.stop_all(&marked, "it hands back").await;
         for (key, token) in &marked {
             self.requeue(key, token).await;
         }
         keys
     }
 
-    /// Calls `stop` for `keys`, [`STOPS_AT_ONCE`] at a time, all within
+    /// Calls `stop` for `keys` (job key -> token), [`STOPS_AT_ONCE`] at a time, all within
     /// `shutdown_timeout`: a plugin slow to stop (or looping in `stop`)
     /// delays a leave, a shutdown or a hand-back after a table change by
     /// that much at most. Jobs whose stop has not returned by then are
     /// abandoned: their tokens move on as they are handed back or
     /// finished, so nothing their code still does reaches the pool (and a
     /// leaving worker's fence falls with it).
-    pub(super) async fn stop_all(&self, keys: &[String], why: &str) {
+    pub(super) async fn stop_all(&self, keys: &HashMap<String, String>, why: &str) {
         if keys.is_empty() {
             return;
         }
         let handler = &self.handler;
-        let mut pending: HashSet<&str> = keys.iter().map(String::as_str).collect();
+        let mut pending: HashSet<&str> = keys.keys().map(String::as_str).collect();
         // Made up front (none runs before it is polled), so that each
         // borrows for one known lifetime.
-        let calls: Vec<_> =
-            keys.iter().map(|key| async move { (key.as_str(), handler.stop(key).await) }).collect();
+        let calls: Vec<_> = keys
+            .iter()
+            .map(|(key, token)| {
+                let span = self.call_span("stop", key, token);
+                async move { (key.as_str(), handler.stop(key).instrument(span).await) }
+            })
+            .collect();
         let stops = futures_util::stream::iter(calls).buffer_unordered(STOPS_AT_ONCE);
         let collect = async {
             futures_util::pin_mut!(stops);

@@ -114,6 +114,12 @@ struct Worker<H> {
 }
 
 impl<H: JobHandler> Worker<H> {
+    /// The span of one handler call: which call, pool, worker, job key
+    /// and the token of the job's ownership.
+    fn call_span(&self, call: &'static str, key: &str, token: &str) -> tracing::Span {
+        tracing::info_span!("job.call", call, pool = %self.core.keys.pool, worker = %self.id, job.key = %key, token = %token)
+    }
+
     async fn run(
         mut self,
         mut reader: pulse_streams::Reader,

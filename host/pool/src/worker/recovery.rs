@@ -3,6 +3,8 @@
 //! joins again) and when Redis lost the pool's data (it joins again and
 //! writes its jobs back).
 
+use std::collections::HashMap;
+
 use pulse_streams::ReaderSubscription;
 use tokio::sync::{mpsc, watch};
 
@@ -37,11 +39,12 @@ impl<H: JobHandler> Worker<H> {
             }
             Control::ShutDown(done) => {
                 let running = std::mem::take(&mut self.running);
-                let keys: Vec<String> = running.keys().cloned().collect();
+                let tokens: HashMap<String, String> =
+                    running.iter().map(|(key, run)| (key.clone(), run.token.clone())).collect();
                 if self.may_call() {
-                    self.stop_all(&keys, "at shutdown").await;
+                    self.stop_all(&tokens, "at shutdown").await;
                 } else {
-                    for key in &keys {
+                    for key in tokens.keys() {
                         self.handler.abandon(key).await;
                     }
                 }
