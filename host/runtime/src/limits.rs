@@ -146,3 +146,69 @@ impl wasmtime::ResourceLimiter for Limiter {
         Ok(desired <= MAX_TABLE_ELEMENTS)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use wasmtime::{Engine, Instance, Module, Store};
+
+    use super::*;
+
+    const PAGE: u64 = 64 << 10;
+
+    /// A module with one page of memory and a table of one element, and
+    /// functions growing each (they answer what `memory.grow` and
+    /// `table.grow` answer: the old size, or -1).
+    const GROWING: &str = r#"
+        (module
+          (memory 1)
+          (table 1 funcref)
+          (func (export "grow_memory") (param i32) (result i32) (memory.grow (local.get 0)))
+          (func (export "grow_table") (param i32) (result i32)
+            (table.grow (ref.null func) (local.get 0))))
+    "#;
+
+    fn instance(memory: u64, quota: &Arc<Quota>) -> (Store<Limiter>, Instance) {
+        let engine = Engine::default();
+        let module = Module::new(&engine, wat::parse_str(GROWING).unwrap()).unwrap();
+        let metrics = Arc::new(PluginMetrics::handler("limits-test"));
+        let limiter = Limiter::new(memory, metrics, quota.clone()).unwrap();
+        let mut store = Store::new(&engine, limiter);
+        store.limiter(|limiter| limiter);
+        let instance = Instance::new(&mut store, &module, &[]).unwrap();
+        (store, instance)
+    }
+
+    #[test]
+    fn memory_grows_to_the_limit_and_a_growth_past_it_traps_with_the_limit() {
+        let quota = Quota::new("limits-test", None);
+        let (mut store, instance) = instance(3 * PAGE, &quota);
+        let grow = instance.get_typed_func::<i32, i32>(&mut store, "grow_memory").unwrap();
+        assert_eq!(grow.call(&mut store, 2).unwrap(), 1, "1 page to 3: within the limit");
+        assert_eq!(store.data().used, 3 * PAGE, "the growth is accounted, the initial page too");
+        let error = grow.call(&mut store, 1).unwrap_err();
+        let exceeded =
+            error.downcast_ref::<MemoryLimitExceeded>().expect("a memory limit, not a generic trap");
+        assert_eq!((exceeded.limit, exceeded.wanted), (3 * PAGE, 4 * PAGE));
+    }
+
+    #[test]
+    fn tables_stop_growing_at_their_cap_without_a_trap() {
+        let quota = Quota::new("limits-test", None);
+        let (mut store, instance) = instance(PAGE, &quota);
+        let grow = instance.get_typed_func::<i32, i32>(&mut store, "grow_table").unwrap();
+        let cap = i32::try_from(MAX_TABLE_ELEMENTS).unwrap();
+        assert_eq!(grow.call(&mut store, cap - 1).unwrap(), 1, "up to the cap");
+        assert_eq!(grow.call(&mut store, 1).unwrap(), -1, "past it: refused, as the guest expects");
+    }
+
+    #[test]
+    fn a_plugin_gets_no_more_instances_than_its_quota_and_gets_them_back() {
+        let quota = Quota::new("limits-test", Some(1));
+        let first = instance(PAGE, &quota);
+        let metrics = Arc::new(PluginMetrics::handler("limits-test"));
+        let refused = Limiter::new(PAGE, metrics.clone(), quota.clone()).unwrap_err();
+        assert!(refused.to_string().contains("has all of its 1 instances live"), "{refused}");
+        drop(first);
+        assert!(Limiter::new(PAGE, metrics, quota).is_ok(), "a dropped instance gives its slot back");
+    }
+}
