@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::task::JoinSet;
+use tracing::Instrument as _;
 
 use crate::error::Result;
 use crate::job::{DispatchOutcome, EventOutcome};
@@ -108,7 +109,8 @@ impl Node {
         producer: P,
     ) -> Result<Schedule> {
         let ticker = Ticker::new(self.core.clone(), name, interval, true).await?;
-        let task = tokio::spawn(run(self.clone(), ticker, producer));
+        let span = tracing::info_span!("pool.schedule", pool = %self.pool(), schedule = %name);
+        let task = tokio::spawn(run(self.clone(), ticker, producer).instrument(span));
         Ok(Schedule { name: name.to_owned(), task })
     }
 

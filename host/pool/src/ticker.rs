@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
+use tracing::Instrument as _;
 
 use crate::core::Core;
 use crate::error::{Error, Result};
@@ -69,7 +70,9 @@ impl Ticker {
         }
         let first = ask(&core, name, interval_ms, true, immediate).await?;
         let (sender, ticks) = mpsc::channel(1);
-        let task = tokio::spawn(run(core.clone(), name.to_owned(), interval_ms, first, sender));
+        let span = tracing::info_span!("pool.ticker", pool = %core.keys.pool, ticker = %name);
+        let task =
+            tokio::spawn(run(core.clone(), name.to_owned(), interval_ms, first, sender).instrument(span));
         Ok(Self { name: name.to_owned(), ticks, task, core })
     }
 
