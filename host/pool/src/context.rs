@@ -42,7 +42,7 @@ pub(crate) enum Ended {
 pub struct JobContext {
     pub(crate) core: Arc<Core>,
     pub(crate) worker: String,
-    /// The worker's own fence (see `node::lease`).
+    /// The worker's own fence (see `core::fence`).
     pub(crate) fence: WorkerFence,
     pub(crate) key: String,
     pub(crate) token: String,

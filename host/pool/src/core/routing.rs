@@ -38,6 +38,28 @@ impl Core {
         self.slots.wait_until(CATCH_UP, |slots| slots.revision() >= rev).await;
     }
 
+    /// `script`, a script that starts job `key` on `worker` (`dispatch.lua`,
+    /// `assign.lua`), with the keys both take first: the jobs hash, the
+    /// job's record, the slot table, the token counter, the queued set, the
+    /// worker's inbox and its job set.
+    pub(crate) fn start_script<'a>(
+        &self,
+        script: &'a redis::Script,
+        key: &str,
+        worker: &str,
+    ) -> redis::ScriptInvocation<'a> {
+        let keys = &self.keys;
+        let mut invocation = script.key(&keys.jobs);
+        invocation
+            .key(keys.record(key))
+            .key(self.slots.redis_key())
+            .key(&keys.tokens)
+            .key(&keys.queued)
+            .key(keys.inbox(worker))
+            .key(keys.worker_jobs(worker));
+        invocation
+    }
+
     /// Starts queued job `key` on the worker its key routes to.
     pub(crate) async fn assign(&self, key: &str) -> Result<()> {
         let core = self;
@@ -48,14 +70,8 @@ impl Core {
                 return Ok(());
             }
             let mut conn = core.conn.clone();
-            let answer: Vec<Value> = scripts::ASSIGN
-                .key(&keys.jobs)
-                .key(keys.record(key))
-                .key(core.slots.redis_key())
-                .key(&keys.tokens)
-                .key(&keys.queued)
-                .key(keys.inbox(&worker))
-                .key(keys.worker_jobs(&worker))
+            let answer: Vec<Value> = core
+                .start_script(&scripts::ASSIGN, key, &worker)
                 .key(keys.held(key))
                 .key(&keys.shutdown)
                 .arg(key)

@@ -35,20 +35,13 @@ impl Node {
     async fn send_dispatch(&self, key: &str, payload: &[u8]) -> Result<DispatchOutcome> {
         self.validate(key, payload.len())?;
         let core = &self.core;
-        let keys = &core.keys;
         // Registered before anything is sent: the answer cannot beat it.
         let mut waiter = core.waiters.register(core.next_request());
         for _ in 0..MAX_ROUTING_RETRIES {
             let (rev, worker) = core.route(key);
             let mut conn = core.conn.clone();
-            let answer: Vec<Value> = scripts::DISPATCH
-                .key(&keys.jobs)
-                .key(keys.record(key))
-                .key(core.slots.redis_key())
-                .key(&keys.tokens)
-                .key(&keys.queued)
-                .key(keys.inbox(&worker))
-                .key(keys.worker_jobs(&worker))
+            let answer: Vec<Value> = core
+                .start_script(&scripts::DISPATCH, key, &worker)
                 .arg(key)
                 .arg(payload)
                 .arg(rev.to_string())
