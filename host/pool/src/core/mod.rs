@@ -21,6 +21,7 @@ use std::sync::atomic::AtomicU64;
 
 use pulse_rmap::Map;
 use redis::aio::ConnectionManager;
+use tokio_util::task::TaskTracker;
 
 use crate::error::Error;
 use crate::keys::PoolKeys;
@@ -45,6 +46,9 @@ pub(crate) struct Core {
     pub(crate) workers: Map,
     pub(crate) waiters: Waiters,
     pub(crate) lease: Lease,
+    /// Every task of the node: its reply reader, its lease task, its
+    /// workers. Closing the node waits for all of them.
+    pub(crate) tasks: TaskTracker,
     pub(crate) metrics: crate::metrics::PoolMetrics,
     /// Scripts refused for a stale slot table or a moved owner, retried.
     pub(crate) routing_retries: AtomicU64,
@@ -74,6 +78,7 @@ impl Core {
             workers,
             waiters: Waiters::default(),
             lease,
+            tasks: TaskTracker::new(),
             routing_retries: AtomicU64::new(0),
         }
     }

@@ -128,7 +128,7 @@ impl Node {
         let lease = core::Lease::new(epoch, slot_count);
         let core = Arc::new(Core::new(id, client.clone(), keys, conn, options, (slots, workers), lease));
         let token = CancellationToken::new();
-        let tasks = TaskTracker::new();
+        let tasks = core.tasks.clone();
         core::start_replies(&core, &token, &tasks).await?;
         let local_workers: LocalWorkers = Arc::default();
         let (stopped_tx, stopped) = tokio::sync::watch::channel(false);
@@ -203,6 +203,16 @@ impl Node {
         if let Err(error) = self.remove_workers(&workers).await {
             tracing::warn!(error = %error, "failed to remove the workers while closing");
         }
+        // Workers that could not leave (Redis unreachable) stop where they
+        // are, as in a crash: their leases end and their jobs move on.
+        let stranded: Vec<WorkerHandle> = self.lock_workers().drain().map(|(_, handle)| handle).collect();
+        if !stranded.is_empty() {
+            tracing::warn!(
+                workers = stranded.len(),
+                "workers that could not leave were stopped where they were"
+            );
+        }
+        drop(stranded);
         self.token.cancel();
         self.tasks.close();
         self.tasks.wait().await;

@@ -117,8 +117,9 @@ pub(crate) async fn spawn<H: JobHandler>(
     };
     let on_panic =
         PanicFence { core: worker.core.clone(), id: worker.id.clone(), fence: worker.fence.clone() };
-    // Owned by the handle: awaited by `leave`, and it ends with its inbox.
-    let task = tokio::spawn(
+    // Owned by the handle (awaited by `leave`; it ends with its inbox) and
+    // tracked by the node, whose close waits for it.
+    let task = worker.core.tasks.clone().spawn(
         async move {
             let _on_panic = on_panic;
             worker.run(reader, inbox, slot_changes, control_rx, ended_rx).await;
