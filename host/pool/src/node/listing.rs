@@ -134,7 +134,7 @@ impl Node {
     /// # Cancel safety
     /// Cancel safe: it only reads.
     pub async fn workers(&self) -> Result<Vec<WorkerInfo>> {
-        let (slots, workers) = (self.core.slots.snapshot(), self.core.workers.snapshot());
+        let (slots, workers) = (self.core.slots.value_counts(), self.core.workers.snapshot());
         workers_of(&mut self.core.conn.clone(), &self.core.keys, slots, workers).await
     }
 }
@@ -205,7 +205,11 @@ impl PoolView {
     /// Cancel safe: it only reads.
     pub async fn workers(&self) -> Result<Vec<WorkerInfo>> {
         let (slots, workers) = self.maps().await?;
-        workers_of(&mut self.conn.clone(), &self.keys, slots, workers).await
+        let mut held: HashMap<String, usize> = HashMap::new();
+        for worker in slots.into_values() {
+            *held.entry(worker).or_default() += 1;
+        }
+        workers_of(&mut self.conn.clone(), &self.keys, held, workers).await
     }
 
     /// The pool's full nodes, from the workers they host.
@@ -363,23 +367,20 @@ async fn jobs_page<C: ConnectionLike + Send>(
     Ok((next, jobs))
 }
 
-/// The workers of the workers map, with their slots and job counts.
+/// The workers of the workers map, with the slots each holds (`held`:
+/// worker -> slots) and their job counts.
 async fn workers_of<C: ConnectionLike + Send>(
     conn: &mut C,
     keys: &PoolKeys,
-    slots: HashMap<String, String>,
+    held: HashMap<String, usize>,
     workers: HashMap<String, String>,
 ) -> Result<Vec<WorkerInfo>> {
-    let mut held: HashMap<String, u32> = HashMap::new();
-    for worker in slots.into_values() {
-        *held.entry(worker).or_default() += 1;
-    }
     let mut workers: Vec<WorkerInfo> = workers
         .into_iter()
         .filter_map(|(id, value)| {
             let (node, join) = value.split_once('|')?;
             Some(WorkerInfo {
-                slots: held.get(&id).copied().unwrap_or(0),
+                slots: held.get(&id).map_or(0, |&n| u32::try_from(n).unwrap_or(u32::MAX)),
                 node: node.to_owned(),
                 join: join.parse().ok()?,
                 id,

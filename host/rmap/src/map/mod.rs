@@ -226,6 +226,12 @@ impl Map {
         self.shared.read().content.clone()
     }
 
+    /// How many keys of the local replica hold each value (say, how many
+    /// slots each worker holds), without copying the map.
+    pub fn value_counts(&self) -> HashMap<String, usize> {
+        value_counts(self.shared.read().content.values())
+    }
+
     /// The last revision the local replica applied (0 for a map never
     /// written, or destroyed).
     pub fn revision(&self) -> u64 {
@@ -303,4 +309,18 @@ impl Shared {
     pub(crate) fn write(&self) -> RwLockWriteGuard<'_, Replica> {
         self.replica.write().unwrap_or_else(|poison| poison.into_inner())
     }
+}
+
+/// How many times each value occurs.
+pub(crate) fn value_counts<'a>(values: impl Iterator<Item = &'a String>) -> HashMap<String, usize> {
+    let mut counts: HashMap<String, usize> = HashMap::new();
+    for value in values {
+        match counts.get_mut(value) {
+            Some(count) => *count += 1,
+            None => {
+                counts.insert(value.clone(), 1);
+            }
+        }
+    }
+    counts
 }

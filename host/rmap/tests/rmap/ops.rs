@@ -30,6 +30,10 @@ async fn set_get_delete_and_local_reads() {
     keys.sort();
     assert_eq!(keys, ["a", "b"]);
     assert_eq!(map.len(), 2);
+    map.set_and_wait("c", "2", PATIENCE).await.unwrap();
+    let counts = map.value_counts();
+    assert_eq!(counts, [("2".to_owned(), 2), (String::new(), 1)].into(), "how many keys hold each value");
+    assert_eq!(map.delete("c").await.unwrap(), Some("2".into()));
 
     assert_eq!(map.delete("a").await.unwrap(), Some("2".into()));
     assert_eq!(map.delete("a").await.unwrap(), None, "deleting an absent key changes nothing");
