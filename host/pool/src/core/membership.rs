@@ -16,6 +16,7 @@ use super::fence::{grace, millis};
 use super::{Core, Join};
 use crate::error::{Error, Result};
 use crate::hash::{VIRTUAL_SLOTS, slot_count};
+use crate::keys::PoolKeys;
 use crate::scripts;
 
 impl Core {
@@ -162,9 +163,7 @@ impl Core {
     /// the epoch now in Redis (a new one if there is none) and writes back
     /// the jobs it runs.
     async fn epoch_changed(&self) -> Result<()> {
-        let epoch =
-            ensure_epoch(&self.conn, &self.keys.epoch).await.map_err(self.redis_error("read the epoch"))?;
-        let slot_count = checked_slot_count(&self.keys.pool, &epoch)?;
+        let (epoch, slot_count) = pool_epoch(&self.conn, &self.keys).await?;
         tracing::error!(
             pool = %self.keys.pool,
             was = %self.lease.epoch(),
@@ -231,24 +230,30 @@ impl Core {
     }
 }
 
-/// Reads the pool epoch, creating it first if Redis has none: random, and
-/// the slot count of the pool's table ([`VIRTUAL_SLOTS`]).
-pub(crate) async fn ensure_epoch(
+/// Reads the pool epoch, creating it first if Redis has none (random, and
+/// the slot count of the pool's table, [`VIRTUAL_SLOTS`]); returns it with
+/// the slot count it records.
+///
+/// # Errors
+/// [`Error::IncompatiblePool`] for an epoch without a slot count (a pool
+/// this version cannot route for); Redis failures.
+pub(crate) async fn pool_epoch(
     conn: &redis::aio::ConnectionManager,
-    key: &str,
-) -> redis::RedisResult<String> {
+    keys: &PoolKeys,
+) -> Result<(String, u32)> {
     let mut conn = conn.clone();
     let candidate = format!("{:016x}:{VIRTUAL_SLOTS}", fastrand::u64(..));
-    let (epoch,): (String,) =
-        redis::pipe().set_nx(key, &candidate).ignore().get(key).query_async(&mut conn).await?;
-    Ok(epoch)
-}
-
-/// The slot count recorded in pool epoch `epoch`, or the error of a pool
-/// this version cannot route for.
-pub(crate) fn checked_slot_count(pool: &str, epoch: &str) -> Result<u32> {
-    slot_count(epoch)
-        .ok_or_else(|| Error::IncompatiblePool { pool: pool.to_owned(), epoch: epoch.to_owned() })
+    let (epoch,): (String,) = redis::pipe()
+        .set_nx(&keys.epoch, &candidate)
+        .ignore()
+        .get(&keys.epoch)
+        .query_async(&mut conn)
+        .await
+        .map_err(keys.redis_error("read the epoch"))?;
+    match slot_count(&epoch) {
+        Some(slots) => Ok((epoch, slots)),
+        None => Err(Error::IncompatiblePool { pool: keys.pool.clone(), epoch }),
+    }
 }
 
 /// The epoch given to a replicated map's hash if a script creates it.

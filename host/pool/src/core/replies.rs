@@ -12,7 +12,6 @@ use std::time::Duration;
 use pulse_streams::{ReaderEvent, ReaderOptions, Start, Stream, StreamOptions};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use super::{Core, Outcome};
@@ -77,7 +76,7 @@ impl Drop for Waiter<'_> {
 }
 
 /// Creates the node's reply stream and starts the task that reads it.
-pub(crate) async fn start(core: &Arc<Core>, token: &CancellationToken, tasks: &TaskTracker) -> Result<()> {
+pub(crate) async fn start(core: &Arc<Core>, token: &CancellationToken) -> Result<()> {
     let options =
         StreamOptions::default().hash_tag(&core.keys.pool).ttl(pulse_streams::Ttl::Sliding(REPLY_STREAM_TTL));
     let stream = Stream::open(&core.client, &PoolKeys::replies_name(&core.id), options).await?;
@@ -89,7 +88,7 @@ pub(crate) async fn start(core: &Arc<Core>, token: &CancellationToken, tasks: &T
     let core = core.clone();
     let token = token.clone();
     let span = tracing::info_span!("pool.replies", node = %core.id);
-    tasks.spawn(
+    core.tasks.clone().spawn(
         async move {
             let mut refresh = tokio::time::interval(REPLY_STREAM_TTL / 4);
             loop {

@@ -13,7 +13,7 @@ use pulse_rmap::{Map, MapOptions};
 use redis::aio::ConnectionLike;
 
 use super::Node;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::job::{JobInfo, JobState};
 use crate::keys::{PoolKeys, SLOTS_MAP, WORKERS_MAP, validate_pool};
 
@@ -160,18 +160,15 @@ impl PoolView {
     /// Opens a view of pool `pool` on the Redis of `client`.
     ///
     /// # Errors
-    /// [`Error::InvalidPool`]; Redis failures.
+    /// [`crate::Error::InvalidPool`]; Redis failures.
     ///
     /// # Cancel safety
     /// Cancel safe: it only connects.
     pub async fn open(client: &redis::Client, pool: &str) -> Result<Self> {
         validate_pool(pool)?;
-        let conn = client.get_multiplexed_async_connection().await.map_err(|source| Error::Redis {
-            op: "connect",
-            pool: pool.to_owned(),
-            source,
-        })?;
-        Ok(Self { conn, keys: PoolKeys::new(pool) })
+        let keys = PoolKeys::new(pool);
+        let conn = client.get_multiplexed_async_connection().await.map_err(keys.redis_error("connect"))?;
+        Ok(Self { conn, keys })
     }
 
     /// What the pool knows of job `key`.

@@ -21,7 +21,6 @@ use std::sync::{Arc, Mutex};
 use pulse_rmap::{Map, MapOptions};
 use redis::aio::ConnectionManager;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::core::{self, Core};
@@ -61,7 +60,6 @@ pub struct Node {
     client_only: bool,
     pub(crate) local_workers: LocalWorkers,
     token: CancellationToken,
-    tasks: TaskTracker,
     /// Becomes true once the pool shut down and this node's workers left.
     stopped: tokio::sync::watch::Receiver<bool>,
 }
@@ -100,12 +98,7 @@ impl Node {
     ) -> Result<Self> {
         validate_pool(pool)?;
         let keys = PoolKeys::new(pool);
-        let conn = ConnectionManager::new(client.clone()).await.map_err(|source| Error::Redis {
-            op: "connect",
-            pool: pool.to_owned(),
-            source,
-        })?;
-        let redis_error = |op| move |source| Error::Redis { op, pool: pool.to_owned(), source };
+        let conn = ConnectionManager::new(client.clone()).await.map_err(keys.redis_error("connect"))?;
         if !client_only {
             refuse_evicting_redis(&conn).await?;
             let mut c = conn.clone();
@@ -113,13 +106,12 @@ impl Node {
                 .arg(&keys.shutdown)
                 .query_async(&mut c)
                 .await
-                .map_err(redis_error("join"))?;
+                .map_err(keys.redis_error("join"))?;
             if shutting_down {
                 return Err(Error::ShuttingDown(pool.to_owned()));
             }
         }
-        let epoch = core::ensure_epoch(&conn, &keys.epoch).await.map_err(redis_error("read the epoch"))?;
-        let slot_count = core::checked_slot_count(pool, &epoch)?;
+        let (epoch, slot_count) = core::pool_epoch(&conn, &keys).await?;
         let slots = Map::join(client, SLOTS_MAP, MapOptions::default().hash_tag(pool)).await?;
         let workers = Map::join(client, WORKERS_MAP, MapOptions::default().hash_tag(pool)).await?;
         // A ULID: unique across hosts (every container's process may be
@@ -128,8 +120,8 @@ impl Node {
         let lease = core::Lease::new(epoch, slot_count);
         let core = Arc::new(Core::new(id, client.clone(), keys, conn, options, (slots, workers), lease));
         let token = CancellationToken::new();
-        let tasks = core.tasks.clone();
-        core::start_replies(&core, &token, &tasks).await?;
+        core::start_replies(&core, &token).await?;
+        let tasks = &core.tasks;
         let local_workers: LocalWorkers = Arc::default();
         let (stopped_tx, stopped) = tokio::sync::watch::channel(false);
         if !client_only {
@@ -142,7 +134,7 @@ impl Node {
             );
         }
         tracing::info!(pool, node = %core.id, client_only, "joined the pool");
-        Ok(Self { core, client_only, local_workers, token, tasks, stopped })
+        Ok(Self { core, client_only, local_workers, token, stopped })
     }
 
     /// Waits until the pool shuts down ([`Node::shutdown`], from any node)
@@ -214,8 +206,8 @@ impl Node {
         }
         drop(stranded);
         self.token.cancel();
-        self.tasks.close();
-        self.tasks.wait().await;
+        self.core.tasks.close();
+        self.core.tasks.wait().await;
         let mut conn = self.core.conn.clone();
         let _: redis::RedisResult<()> = redis::cmd("DEL").arg(&self.core.replies).exec_async(&mut conn).await;
         self.core.slots.close().await;
