@@ -54,7 +54,7 @@ local function pick(load, order, most)
   return best
 end
 
--- The workers of `held` (worker -> list of slots), sorted.
+-- The workers of `held` (worker -> its slots, or their number), sorted.
 local function holders_of(held)
   local order = {}
   for w in pairs(held) do table.insert(order, w) end

@@ -193,7 +193,7 @@ async fn ask(core: &Core, name: &str, interval_ms: u64, create: bool, immediate:
         .invoke_async(&mut conn)
         .await
         .map_err(core.redis_error("advance a ticker"))?;
-    let protocol = || Error::Protocol { op: "advance a ticker", answer: format!("{answer:?}") };
+    let protocol = || crate::core::protocol("advance a ticker", &format!("{answer:?}"));
     let number =
         |i: usize| -> Result<u64> { answer.get(i).and_then(|v| v.parse().ok()).ok_or_else(protocol) };
     match answer.first().map(String::as_str) {

@@ -154,7 +154,7 @@ impl Core {
                 self.lease.extend(sent, self.options.lease_ttl);
                 Ok(state == "shutdown")
             }
-            _ => Err(Error::Protocol { op: "renew", answer: format!("{answer:?}") }),
+            _ => Err(super::protocol("renew", &format!("{answer:?}"))),
         }
     }
 

@@ -229,7 +229,17 @@ impl Map {
     /// How many keys of the local replica hold each value (say, how many
     /// slots each worker holds), without copying the map.
     pub fn value_counts(&self) -> HashMap<String, usize> {
-        value_counts(self.shared.read().content.values())
+        let mut counts: HashMap<String, usize> = HashMap::new();
+        for value in self.shared.read().content.values() {
+            // A value is copied once, however many keys hold it.
+            match counts.get_mut(value) {
+                Some(count) => *count += 1,
+                None => {
+                    counts.insert(value.clone(), 1);
+                }
+            }
+        }
+        counts
     }
 
     /// The last revision the local replica applied (0 for a map never
@@ -309,18 +319,4 @@ impl Shared {
     pub(crate) fn write(&self) -> RwLockWriteGuard<'_, Replica> {
         self.replica.write().unwrap_or_else(|poison| poison.into_inner())
     }
-}
-
-/// How many times each value occurs.
-pub(crate) fn value_counts<'a>(values: impl Iterator<Item = &'a String>) -> HashMap<String, usize> {
-    let mut counts: HashMap<String, usize> = HashMap::new();
-    for value in values {
-        match counts.get_mut(value) {
-            Some(count) => *count += 1,
-            None => {
-                counts.insert(value.clone(), 1);
-            }
-        }
-    }
-    counts
 }
