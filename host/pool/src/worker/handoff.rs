@@ -112,10 +112,10 @@ impl<H: JobHandler> Worker<H> {
         keys
     }
 
-    /// Calls `stop` for `keys` (job key -> token), [`STOPS_AT_ONCE`] at a time, all within
-    /// `shutdown_timeout`: a plugin slow to stop (or looping in `stop`)
-    /// delays a leave, a shutdown or a hand-back after a table change by
-    /// that much at most. Jobs whose stop has not returned by then are
+    /// Calls `stop` for `keys` (job key -> token), [`STOPS_AT_ONCE`] at a
+    /// time, all within `shutdown_timeout`: a plugin slow to stop (or
+    /// looping in `stop`) delays a leave, a shutdown or a hand-back after a
+    /// table change by that much at most. Jobs whose stop has not returned by then are
     /// abandoned: their tokens move on as they are handed back or
     /// finished, so nothing their code still does reaches the pool (and a
     /// leaving worker's fence falls with it).

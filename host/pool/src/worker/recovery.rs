@@ -38,9 +38,10 @@ impl<H: JobHandler> Worker<H> {
                 done
             }
             Control::ShutDown(done) => {
-                let running = std::mem::take(&mut self.running);
-                let tokens: HashMap<String, String> =
-                    running.iter().map(|(key, run)| (key.clone(), run.token.clone())).collect();
+                let tokens: HashMap<String, String> = std::mem::take(&mut self.running)
+                    .into_iter()
+                    .map(|(key, run)| (key, run.token))
+                    .collect();
                 if self.may_call() {
                     self.stop_all(&tokens, "at shutdown").await;
                 } else {
@@ -48,8 +49,8 @@ impl<H: JobHandler> Worker<H> {
                         self.handler.abandon(key).await;
                     }
                 }
-                for (key, running) in running {
-                    self.finish(&key, &running.token).await;
+                for (key, token) in &tokens {
+                    self.finish(key, token).await;
                 }
                 for (key, retrying) in std::mem::take(&mut self.retrying) {
                     self.finish(&key, &retrying.event.token).await;
