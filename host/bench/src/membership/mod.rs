@@ -89,19 +89,18 @@ async fn placement(node: &Node) -> BenchResult<(BTreeMap<String, u32>, HashMap<S
 /// Two processes of 2 counting workers each on a private Redis, the
 /// first (to be killed) joined first.
 struct TwoHosts {
-    url: String,
     doomed: Process,
     survivor: Process,
-    _server: pulse_testkit::RedisServer,
+    /// Last: dropped after the processes, which leave through it.
+    server: pulse_testkit::RedisServer,
 }
 
 impl TwoHosts {
     fn start(pool: &str) -> BenchResult<Self> {
         let server = pulse_testkit::RedisServer::start();
-        let url = server.url().to_owned();
-        let doomed = Process::spawn(&url, pool, 2)?;
-        let survivor = Process::spawn(&url, pool, 2)?;
-        Ok(Self { url, doomed, survivor, _server: server })
+        let doomed = Process::spawn(server.url(), pool, 2)?;
+        let survivor = Process::spawn(server.url(), pool, 2)?;
+        Ok(Self { server, doomed, survivor })
     }
 
     /// A client-only node and a connection, once `jobs` jobs run.
@@ -110,7 +109,7 @@ impl TwoHosts {
         pool: &str,
         jobs: usize,
     ) -> BenchResult<(Arc<Node>, redis::aio::MultiplexedConnection)> {
-        let client = redis::Client::open(self.url.as_str())?;
+        let client = redis::Client::open(self.server.url())?;
         let node = Arc::new(Node::client(&client, pool, options()).await?);
         let conn = client.get_multiplexed_async_connection().await?;
         dispatch_all(&node, jobs).await?;
