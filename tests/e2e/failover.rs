@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use pulse_pool::hash::{VIRTUAL_SLOTS, slot_of};
 use pulse_pool::{DispatchOutcome, EventOutcome, JobState, Node, NodeOptions};
-use pulse_testkit::RedisServer;
+use pulse_testkit::{RedisServer, slot_table};
 
 /// How long a test waits for what takes seconds (a lease to expire).
 const PATIENCE: Duration = Duration::from_secs(60);
@@ -170,16 +170,6 @@ pub(crate) async fn dispatch_all(client: &Arc<Node>, count: usize) {
     for lane in lanes {
         lane.await.unwrap();
     }
-}
-
-/// The pool's slot table as Redis holds it: slot -> worker.
-pub(crate) async fn slot_table(
-    conn: &mut redis::aio::MultiplexedConnection,
-    pool: &str,
-) -> HashMap<u32, String> {
-    let fields: HashMap<String, String> =
-        redis::cmd("HGETALL").arg(format!("pulse:{{{pool}}}:map:slots")).query_async(conn).await.unwrap();
-    fields.into_iter().filter_map(|(slot, worker)| Some((slot.parse().ok()?, worker))).collect()
 }
 
 /// Waits until every one of `count` jobs runs on the worker its key routes

@@ -29,9 +29,11 @@
 pub mod logs;
 pub mod names;
 pub mod plugins;
+pub mod pools;
 pub mod server;
 
 pub use names::{assert_no_keys, keys_under, unique};
+pub use pools::slot_table;
 pub use server::{RedisServer, connect, shared_redis_url};
 
 /// Sends `tracing` output of the code under test to the test's captured

@@ -30,13 +30,8 @@ pub fn placement_of(calls: &[Call]) -> HashMap<String, String> {
 
 /// The pool's slot table as Redis holds it: slot -> worker.
 pub async fn slot_table(pool: &str) -> HashMap<u32, String> {
-    let mut conn = crate::client().get_multiplexed_async_connection().await.unwrap();
-    let fields: HashMap<String, String> = redis::cmd("HGETALL")
-        .arg(format!("pulse:{{{pool}}}:map:slots"))
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    fields.into_iter().filter_map(|(slot, worker)| Some((slot.parse().ok()?, worker))).collect()
+    let mut conn = pulse_testkit::connect(pulse_testkit::shared_redis_url()).await;
+    pulse_testkit::slot_table(&mut conn, pool).await
 }
 
 /// Where each of `keys` routes by `table`: its slot's worker.
