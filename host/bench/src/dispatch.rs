@@ -13,10 +13,17 @@
 //!   host's HTTP API (keep-alive connections, one per dispatcher): the
 //!   API's cost on top of the pool's, and the metrics recorder's, which
 //!   that host installs.
+//! - `slow`: the `slow` plugin in job isolation, each start waiting 50 ms
+//!   (a WASI sleep), with 32 and 128 dispatchers: how far a worker's
+//!   concurrent calls go (at most 128 / 50 ms = 2,560/s; one call at a
+//!   time per worker would be 4 / 50 ms = 80/s).
+//! - `slow-serial`: the same with `max_concurrent_calls = 1`, 128
+//!   dispatchers: one call at a time per worker, for comparison.
 //!
-//! `pulse-bench dispatch [HANDLER…]` runs the named ones (default: all).
-//! Job counts: 20,000 for `noop`, `echo-worker` and `echo-http`, 5,000 for `echo-job`
-//! (each live job holds an instance); `--jobs N` sets all of them.
+//! `pulse-bench dispatch [HANDLER…]` runs the named ones (default: all but
+//! `slow-serial`). Job counts: 20,000 for `noop`, `echo-worker` and
+//! `echo-http`, 5,000 for `echo-job` (each live job holds an instance),
+//! 2,000 for `slow`, 400 for `slow-serial`; `--jobs N` sets all of them.
 
 use std::io::Read;
 use std::path::Path;
@@ -34,7 +41,9 @@ pub const SERVE_WORKERS: &str = "serve-workers";
 /// The hidden scenario name of the plugin worker process.
 pub const SERVE_HOST: &str = "serve-host";
 pub(crate) const WORKERS: usize = 4;
-const PAYLOAD: [u8; 100] = [7; 100];
+pub(crate) const PAYLOAD: [u8; 100] = [7; 100];
+/// What `slow`'s start waits, in milliseconds.
+const SLOW_PAYLOAD: &[u8] = b"50";
 /// How long the worker process may take to have its workers joined.
 pub(crate) const STARTUP: Duration = Duration::from_secs(60);
 
@@ -62,10 +71,15 @@ pub(crate) enum Handler {
     EchoJob,
     EchoWorker,
     EchoHttp,
+    Slow,
+    SlowSerial,
 }
 
 impl Handler {
-    const ALL: [Self; 4] = [Self::NoOp, Self::EchoJob, Self::EchoWorker, Self::EchoHttp];
+    const ALL: [Self; 6] =
+        [Self::NoOp, Self::EchoJob, Self::EchoWorker, Self::EchoHttp, Self::Slow, Self::SlowSerial];
+    /// Run when none is named.
+    const DEFAULT: [Self; 5] = [Self::NoOp, Self::EchoJob, Self::EchoWorker, Self::EchoHttp, Self::Slow];
 
     fn name(self) -> &'static str {
         match self {
@@ -73,13 +87,40 @@ impl Handler {
             Self::EchoJob => "echo-job",
             Self::EchoWorker => "echo-worker",
             Self::EchoHttp => "echo-http",
+            Self::Slow => "slow",
+            Self::SlowSerial => "slow-serial",
         }
+    }
+
+    /// Concurrent dispatchers of each measured line.
+    fn dispatchers(self) -> &'static [usize] {
+        match self {
+            Self::Slow => &[32, 128],
+            Self::SlowSerial => &[128],
+            _ => &[1, 32],
+        }
+    }
+
+    fn payload(self) -> &'static [u8] {
+        match self {
+            Self::Slow | Self::SlowSerial => SLOW_PAYLOAD,
+            _ => &PAYLOAD,
+        }
+    }
+
+    /// Whether each live job holds an instance (job isolation): its jobs
+    /// are stopped after each line.
+    fn instance_per_job(self) -> bool {
+        matches!(self, Self::EchoJob | Self::Slow | Self::SlowSerial)
     }
 
     fn default_jobs(self, quick: bool) -> usize {
         match (self, quick) {
             (Self::EchoJob, false) => 5_000,
             (Self::EchoJob, true) => 500,
+            (Self::Slow, false) => 2_000,
+            (Self::Slow, true) => 500,
+            (Self::SlowSerial, _) => 400,
             (_, false) => 20_000,
             (_, true) => 2_000,
         }
@@ -88,13 +129,13 @@ impl Handler {
 
 pub fn run(args: &Args) -> BenchResult {
     let handlers = match &args.rest[1..] {
-        [] => Handler::ALL.to_vec(),
+        [] => Handler::DEFAULT.to_vec(),
         names => names
             .iter()
             .map(|name| {
                 Handler::ALL.into_iter().find(|h| h.name() == name).ok_or_else(|| {
                     format!(
-                        "unknown handler {name:?}: the handlers are noop, echo-job, echo-worker and echo-http"
+                        "unknown handler {name:?}: the handlers are noop, echo-job, echo-worker, echo-http, slow and slow-serial"
                     )
                 })
             })
@@ -125,9 +166,9 @@ pub fn run(args: &Args) -> BenchResult {
             };
             let mut stats = client.get_multiplexed_async_connection().await?;
             let mut running = 0;
-            for concurrency in [1, 32] {
+            for &concurrency in handler.dispatchers() {
                 let keys = measure(&dispatcher, &mut stats, handler, concurrency, jobs, running).await?;
-                if handler == Handler::EchoJob {
+                if handler.instance_per_job() {
                     // Each live job holds an instance: stop them, so the
                     // host's instance count stays at one run's jobs.
                     stop_all(&node, keys).await?;
@@ -189,12 +230,13 @@ impl Dispatcher {
         Ok(Self::Http { client, url: format!("http://{address}/api/pools/{pool}/jobs") })
     }
 
-    /// Dispatches `key`; whether a worker confirmed its start.
-    pub(crate) async fn started(&self, key: &str) -> bool {
+    /// Dispatches `key` with `payload` (ASCII); whether a worker confirmed
+    /// its start.
+    pub(crate) async fn started(&self, key: &str, payload: &[u8]) -> bool {
         match self {
-            Self::Node(node) => matches!(node.dispatch(key, &PAYLOAD).await, Ok(DispatchOutcome::Started)),
+            Self::Node(node) => matches!(node.dispatch(key, payload).await, Ok(DispatchOutcome::Started)),
             Self::Http { client, url } => {
-                let payload = std::str::from_utf8(&PAYLOAD).expect("the payload is ASCII");
+                let payload = std::str::from_utf8(payload).expect("the payload is ASCII");
                 let body = serde_json::json!({"key": key, "payload": payload});
                 let answer = client.post(url).json(&body).send().await;
                 answer.is_ok_and(|response| response.status() == reqwest::StatusCode::CREATED)
@@ -208,7 +250,7 @@ pub(crate) fn free_address() -> std::io::Result<std::net::SocketAddr> {
     std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()
 }
 
-/// Starts the host's own `run` in another process, serving the `echo`
+/// Starts the host's own `run` in another process, serving the handler's
 /// plugin with 4 workers in `pool` (and its HTTP API on `api`).
 pub(crate) fn spawn_host(
     url: &str,
@@ -218,15 +260,23 @@ pub(crate) fn spawn_host(
     api: Option<std::net::SocketAddr>,
     dir: &Path,
 ) -> Result<Child, Box<dyn std::error::Error>> {
-    let plugin = crate::runtime::plugin_path("echo")?;
-    let (isolation, max_instances) = match handler {
-        Handler::EchoJob => ("job", jobs + WORKERS * 4),
-        _ => ("worker", WORKERS * 4),
+    let name = match handler {
+        Handler::Slow | Handler::SlowSerial => "slow",
+        _ => "echo",
+    };
+    let plugin = crate::runtime::plugin_path(name)?;
+    let (isolation, max_instances) = match handler.instance_per_job() {
+        true => ("job", jobs + WORKERS * 4),
+        false => ("worker", WORKERS * 4),
+    };
+    let calls = match handler {
+        Handler::SlowSerial => "max_concurrent_calls = 1\n",
+        _ => "",
     };
     let http = api.map(|address| format!("[http]\nlisten = \"{address}\"\n\n")).unwrap_or_default();
     let config = format!(
         "{http}[runtime]\nmax_instances = {max_instances}\n\n\
-         [[plugin]]\nname = \"echo\"\npath = {path:?}\npool = {pool:?}\nworkers = {WORKERS}\nisolation = {isolation:?}\n",
+         [[plugin]]\nname = {name:?}\npath = {path:?}\npool = {pool:?}\nworkers = {WORKERS}\nisolation = {isolation:?}\n{calls}",
         path = plugin.display().to_string(),
     );
     let path = dir.join(format!("{pool}.toml"));
@@ -296,7 +346,7 @@ async fn measure(
             for i in (lane..jobs).step_by(concurrency) {
                 let key = key_of(concurrency, i);
                 let sent = Instant::now();
-                let started = dispatcher.started(&key).await;
+                let started = dispatcher.started(&key, handler.payload()).await;
                 samples.push((i, sent.elapsed()));
                 if !started {
                     unconfirmed += 1;

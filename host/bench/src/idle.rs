@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use pulse_pool::{Node, NodeOptions};
 
 use crate::Args;
-use crate::dispatch::{Dispatcher, Handler, STARTUP, WORKERS, free_address, spawn_host};
+use crate::dispatch::{Dispatcher, Handler, PAYLOAD, STARTUP, WORKERS, free_address, spawn_host};
 use crate::report::{self, percentile};
 
 type BenchResult = Result<(), Box<dyn std::error::Error>>;
@@ -56,7 +56,7 @@ pub fn run(args: &Args) -> BenchResult {
             tokio::time::sleep(idle).await;
             let timed = |dispatcher: Dispatcher, key: String| async move {
                 let started = Instant::now();
-                let ok = dispatcher.started(&key).await;
+                let ok = dispatcher.started(&key, &PAYLOAD).await;
                 (ok, started.elapsed())
             };
             let ((node_ok, node_took), (http_ok, http_took)) = tokio::join!(

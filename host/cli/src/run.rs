@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use pulse_config::{Config, Isolation};
-use pulse_pool::{Node, NodeOptions};
+use pulse_pool::{Node, NodeOptions, WorkerOptions};
 use pulse_runtime::{Limits, PluginOptions, ProducerOptions, Runtime, RuntimeConfig};
 
 use crate::adapter::{WasmHandler, WasmProducer};
@@ -311,7 +311,8 @@ async fn join_pools(
             );
         }
         for _ in 0..plugin_config.workers {
-            let worker = node.add_worker(WasmHandler::new(plugin)).await?;
+            let options = WorkerOptions { max_concurrent_calls: plugin_config.max_concurrent_calls };
+            let worker = node.add_worker_with(WasmHandler::new(plugin), options).await?;
             tracing::info!(pool = %plugin_config.pool, plugin = %plugin_config.name, worker, "worker added");
         }
     }
@@ -350,8 +351,13 @@ mod tests {
     fn config_toml_and_absent_keys_give_the_libraries_defaults() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("p.wasm"), b"").unwrap();
-        let plugin =
-            format!("[[plugin]]\nname = \"p\"\npath = \"p.wasm\"\n{}", documented("[plugin.limits]"));
+        // The first plugin's `max_concurrent_calls` line documents its default.
+        let calls = documented("[[plugin]]");
+        let calls = calls.lines().find(|line| line.starts_with("max_concurrent_calls")).unwrap();
+        let plugin = format!(
+            "[[plugin]]\nname = \"p\"\npath = \"p.wasm\"\n{calls}\n{}",
+            documented("[plugin.limits]")
+        );
         let written = format!("{}\n{}\n{plugin}", documented("[node]"), documented("[runtime]"));
         let absent = "[[plugin]]\nname = \"p\"\npath = \"p.wasm\"\n";
         for (what, text) in [("config.toml", written.as_str()), ("absent keys", absent)] {
@@ -365,6 +371,11 @@ mod tests {
                 format!("{:?}", runtime_config(&config)),
                 format!("{:?}", RuntimeConfig::default()),
                 "{what}: [runtime] differs from the runtime's defaults"
+            );
+            assert_eq!(
+                config.plugins[0].max_concurrent_calls,
+                WorkerOptions::default().max_concurrent_calls,
+                "{what}: max_concurrent_calls differs from the pool's default"
             );
             let (limits, defaults) = (limits(&config.plugins[0].limits), Limits::default());
             assert_eq!(

@@ -133,6 +133,9 @@ pub struct PluginConfig {
     pub workers: u32,
     /// `isolation`.
     pub isolation: Isolation,
+    /// `max_concurrent_calls`: calls of different jobs a worker makes at
+    /// once.
+    pub max_concurrent_calls: usize,
     /// `[plugin.limits]`.
     pub limits: Limits,
     /// `[plugin.settings]`.

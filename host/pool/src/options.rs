@@ -1,4 +1,5 @@
-//! [`NodeOptions`]: what a node is told, with the defaults.
+//! [`NodeOptions`]: what a node is told, and [`WorkerOptions`]: what each
+//! of its workers is; with the defaults.
 
 use std::time::Duration;
 
@@ -64,5 +65,22 @@ impl Default for NodeOptions {
             shutdown_timeout: Duration::from_secs(30),
             lease_ttl: Duration::from_secs(10),
         }
+    }
+}
+
+/// Options of one worker.
+///
+/// Defaults: `max_concurrent_calls`: 32.
+#[derive(Debug, Clone)]
+pub struct WorkerOptions {
+    /// Handler calls of different jobs a worker makes at once. Calls for
+    /// one job are made one after the other, in order, whatever this is; 1
+    /// makes every call wait for the one before.
+    pub max_concurrent_calls: usize,
+}
+
+impl Default for WorkerOptions {
+    fn default() -> Self {
+        Self { max_concurrent_calls: 32 }
     }
 }

@@ -41,6 +41,7 @@ const FUEL: RangeInclusive<u64> = 1..=(1 << 60);
 // 0: this host runs none of the pool's jobs; it dispatches into it (its API
 // answers for it) while other hosts run them.
 const WORKERS: RangeInclusive<u64> = 0..=1000;
+const MAX_CONCURRENT_CALLS: RangeInclusive<u64> = 1..=10_000;
 const INTERVAL: RangeInclusive<Duration> = millis(10)..=secs(86_400);
 const MAX_BODY: RangeInclusive<u64> = 1..=(1 << 30);
 const HTTP_TIMEOUT: RangeInclusive<Duration> = millis(100)..=secs(3600);
@@ -116,6 +117,7 @@ struct Plugin {
     pool: Option<Spanned<String>>,
     workers: Option<Spanned<u64>>,
     isolation: Option<Spanned<String>>,
+    max_concurrent_calls: Option<Spanned<u64>>,
     #[serde(default)]
     limits: PluginLimits,
     #[serde(default)]
@@ -256,6 +258,12 @@ impl File {
                 pool,
                 workers: check.count("workers", plugin.workers.as_ref(), 1, WORKERS) as u32,
                 isolation,
+                max_concurrent_calls: check.count(
+                    "max_concurrent_calls",
+                    plugin.max_concurrent_calls.as_ref(),
+                    32,
+                    MAX_CONCURRENT_CALLS,
+                ) as usize,
                 limits,
                 settings: plugin.settings,
             });

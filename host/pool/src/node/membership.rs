@@ -15,6 +15,7 @@ use tokio::sync::watch;
 use super::{Core, LocalWorkers, Node};
 use crate::error::{Error, Result};
 use crate::job::JobHandler;
+use crate::options::WorkerOptions;
 use crate::worker::{self, WorkerHandle};
 
 /// How long to wait for the local slot table to show a change this node
@@ -22,8 +23,20 @@ use crate::worker::{self, WorkerHandle};
 const SETTLE: Duration = Duration::from_secs(5);
 
 impl Node {
-    /// Adds a worker running `handler`; returns its id. Jobs waiting for a
-    /// worker are assigned once it holds its slot.
+    /// Adds a worker running `handler` with the default
+    /// [`WorkerOptions`]; returns its id (see [`Node::add_worker_with`]).
+    ///
+    /// # Errors
+    /// [`Error::ClientOnly`] on a client-only node; Redis failures.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe (see [`Node::add_worker_with`]).
+    pub async fn add_worker<H: JobHandler>(&self, handler: H) -> Result<String> {
+        self.add_worker_with(handler, WorkerOptions::default()).await
+    }
+
+    /// Adds a worker running `handler` as `options` say; returns its id.
+    /// Jobs waiting for a worker are assigned once it holds its slots.
     ///
     /// # Errors
     /// [`Error::ClientOnly`] on a client-only node; Redis failures.
@@ -31,7 +44,7 @@ impl Node {
     /// # Cancel safety
     /// Not cancel safe: a worker that joined before the future was dropped
     /// stays a member without a handle; close the node.
-    pub async fn add_worker<H: JobHandler>(&self, handler: H) -> Result<String> {
+    pub async fn add_worker_with<H: JobHandler>(&self, handler: H, options: WorkerOptions) -> Result<String> {
         if self.client_only {
             return Err(Error::ClientOnly);
         }
@@ -44,7 +57,7 @@ impl Node {
             .map_err(core.redis_error("join"))?;
         let id = format!("w{join}");
         // Reading before taking a slot: starts routed to it are not missed.
-        let handle = worker::spawn(self.core.clone(), id.clone(), join, handler).await?;
+        let handle = worker::spawn(self.core.clone(), id.clone(), join, handler, &options).await?;
         if let Err(error) = core.join_worker(&id, join).await {
             handle.leave().await;
             return Err(error);

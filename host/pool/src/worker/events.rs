@@ -1,6 +1,8 @@
 //! The inbox's entries: starts (with retries of retryable failures),
 //! stops and notifications, each handed to the handler once and in order
-//! per key.
+//! per key. Deciding what an event needs and applying what its call
+//! returned happen on the worker's task; the call itself runs beside the
+//! calls of other keys (see `calls`).
 
 use std::collections::VecDeque;
 
@@ -12,6 +14,7 @@ use crate::core::Outcome;
 use crate::job::{HandlerError, Job, JobHandler};
 use crate::wire::{InboxEvent, Kind};
 
+use super::calls::{Call, Done, Finished, Queued};
 use super::{Retrying, Running, Worker};
 
 /// The longest wait before a retried start, whatever the backoff doubles
@@ -19,30 +22,84 @@ use super::{Retrying, Running, Worker};
 const MAX_RETRY_WAIT: std::time::Duration = std::time::Duration::from_secs(3600);
 
 impl<H: JobHandler> Worker<H> {
+    /// An entry read from the inbox: processed now, or after the call in
+    /// flight for its key.
     pub(super) async fn on_entry(&mut self, entry: pulse_streams::Event) {
-        self.skipped = false;
-        if !self.may_call() {
-            // Left in the inbox: whoever runs its job next receives it.
+        self.last_read.clone_from(&entry.id);
+        let Some(event) = InboxEvent::decode(&entry.name, &entry.payload) else {
+            tracing::warn!(id = %entry.id, "skipped a malformed inbox entry");
+            self.processed.push(entry.id);
             return;
+        };
+        let queued = Queued { entry_ms: entry.created_at_ms(), entry: Some(entry.id), event };
+        if self.calls.is_busy(&queued.event.key) {
+            self.calls.wait(queued);
+        } else {
+            self.process(queued).await;
         }
-        match InboxEvent::decode(&entry.name, &entry.payload) {
-            Some(event) => {
-                let created = entry.created_at_ms();
-                self.on_event(event, created).await;
-            }
-            None => tracing::warn!(id = %entry.id, "skipped a malformed inbox entry"),
-        }
-        if self.lost || self.skipped {
-            // A call was not made: the entry stays for the job's next worker
-            // (or for this one, once it wrote its jobs back).
-            self.flush(None).await;
-            return;
-        }
-        self.last_id.clone_from(&entry.id);
-        self.flush(Some(&entry.id)).await;
     }
 
-    pub(super) async fn on_event(&mut self, event: InboxEvent, entry_ms: u64) {
+    /// Processes one event of a key with no call in flight: answers it, or
+    /// starts its call. Its entry is deleted once it is processed; one left
+    /// unprocessed (the lease may have ended, or Redis lost the pool's
+    /// data) stays in the inbox for whoever runs its job next.
+    async fn process(&mut self, queued: Queued) {
+        self.skipped = false;
+        if !self.may_call() {
+            return;
+        }
+        let key = queued.event.key.clone();
+        match self.on_event(queued.event, queued.entry_ms).await {
+            Some(call) => self.calls.start(key, queued.entry, call),
+            None => {
+                if !self.lost
+                    && !self.skipped
+                    && let Some(id) = queued.entry
+                {
+                    self.processed.push(id);
+                }
+            }
+        }
+    }
+
+    /// Applies a finished call, then processes what waited for its key, up
+    /// to the next call.
+    pub(super) async fn complete(&mut self, done: Done) {
+        let Done { key, entry, finished } = done;
+        let mut next = self.calls.release(&key);
+        let first = self.apply(finished).await;
+        // The call was made: its entry is processed.
+        self.processed.extend(entry);
+        for event in first.into_iter().rev() {
+            next.push_front(Queued { entry: None, event, entry_ms: 0 });
+        }
+        while let Some(queued) = next.pop_front() {
+            self.process(queued).await;
+            if self.calls.is_busy(&key) {
+                self.calls.wait_first(&key, next);
+                break;
+            }
+        }
+    }
+
+    /// Applies every call finished already, without waiting.
+    pub(super) async fn complete_ready(&mut self) {
+        while let Some(done) = self.calls.ready() {
+            self.complete(done).await;
+        }
+    }
+
+    /// Waits until no call is in flight and no event waits for one,
+    /// applying each as it finishes, and sends the answers.
+    pub(super) async fn settle(&mut self) {
+        while let Some(done) = self.calls.next().await {
+            self.complete(done).await;
+        }
+        self.flush().await;
+    }
+
+    /// What `event` needs: a call, or nothing more (answered or held).
+    async fn on_event(&mut self, event: InboxEvent, entry_ms: u64) -> Option<Call> {
         if let Some(retrying) = self.retrying.get_mut(&event.key)
             && retrying.event.token == event.token
         {
@@ -51,33 +108,32 @@ impl<H: JobHandler> Worker<H> {
             } else if !matches!(event.kind, Kind::Start { .. }) {
                 retrying.waiting.push_back(event);
             }
-            return;
+            return None;
         }
         match &event.kind {
-            Kind::Start { .. } => self.on_start(event, entry_ms).await,
-            Kind::Stop => self.on_stop(event).await,
-            Kind::Notify { .. } => self.on_notify(event).await,
+            Kind::Start { .. } => self.on_start(event, entry_ms),
+            Kind::Stop => self.on_stop(event),
+            Kind::Notify { .. } => self.on_notify(event),
         }
     }
 
-    pub(super) async fn on_start(&mut self, event: InboxEvent, entry_ms: u64) {
-        match self.running.get(&event.key) {
-            Some(running) if running.token == event.token => return, // delivered twice
-            Some(_) => {
-                // An older ownership of the same job: it was taken away and
-                // given back without a stop here. Stop the old run first.
-                if !self.may_call() {
-                    return;
-                }
-                self.running.remove(&event.key);
-                let span = self.call_span("stop", &event.key, &event.token);
-                if let Err(error) = self.handler.stop(&event.key).instrument(span).await {
-                    tracing::warn!(job.key = %event.key, error = %error, "handler failed to stop a superseded run");
-                }
+    fn on_start(&mut self, event: InboxEvent, entry_ms: u64) -> Option<Call> {
+        let superseded = match self.running.get(&event.key) {
+            Some(running) if running.token == event.token => return None, // delivered twice
+            // An older ownership of the same job: it was taken away and
+            // given back without a stop here. The old run stops first.
+            Some(_) => true,
+            None => false,
+        };
+        if superseded {
+            if !self.may_call() {
+                return None;
             }
-            None => {}
+            self.running.remove(&event.key);
         }
-        let Kind::Start { attempt, requeued, created_at_ms, payload, state } = &event.kind else { return };
+        let Kind::Start { attempt, requeued, created_at_ms, payload, state } = &event.kind else {
+            return None;
+        };
         let job = Job {
             key: event.key.clone(),
             payload: payload.clone(),
@@ -86,11 +142,21 @@ impl<H: JobHandler> Worker<H> {
             attempt: *attempt,
             state: state.clone(),
         };
-        self.start(event, job, VecDeque::new()).await;
+        self.start(event, job, VecDeque::new(), superseded)
     }
 
-    /// Calls the handler's start; on success runs the events that waited.
-    pub(super) async fn start(&mut self, event: InboxEvent, job: Job, waiting: VecDeque<InboxEvent>) {
+    /// The call of the handler's start (after the stop of a superseded
+    /// run, if `superseded`); the events in `waiting` run after it.
+    pub(super) fn start(
+        &mut self,
+        event: InboxEvent,
+        job: Job,
+        waiting: VecDeque<InboxEvent>,
+        superseded: bool,
+    ) -> Option<Call> {
+        if !self.may_call() {
+            return None;
+        }
         let ctx = JobContext {
             core: self.core.clone(),
             worker: self.id.clone(),
@@ -99,11 +165,57 @@ impl<H: JobHandler> Worker<H> {
             token: event.token.clone(),
             ended: self.ended_tx.clone(),
         };
-        if !self.may_call() {
-            return;
-        }
+        let handler = self.handler.clone();
+        let stop_span = superseded.then(|| self.call_span("stop", &job.key, &event.token));
         let span = self.call_span("start", &job.key, &event.token);
-        match self.handler.start(job.clone(), ctx).instrument(span).await {
+        Some(Box::pin(async move {
+            if let Some(stop_span) = stop_span
+                && let Err(error) = handler.stop(&job.key).instrument(stop_span).await
+            {
+                tracing::warn!(job.key = %job.key, error = %error, "handler failed to stop a superseded run");
+            }
+            let result = handler.start(job.clone(), ctx).instrument(span).await;
+            Finished::Start { event, job, waiting, result }
+        }))
+    }
+
+    /// Applies what a call returned; returns the events to run next for
+    /// its key, before any that waited behind the call.
+    async fn apply(&mut self, finished: Finished) -> VecDeque<InboxEvent> {
+        match finished {
+            Finished::Start { event, job, waiting, result } => {
+                return self.started(event, job, waiting, result).await;
+            }
+            Finished::Stop { event, token, result } => {
+                self.running.remove(&event.key);
+                self.finish(&event.key, &token).await;
+                match result {
+                    Ok(()) => self.reply(&event, Outcome::Stopped, ""),
+                    Err(error) => self.reply(&event, Outcome::Error, &error.to_string()),
+                }
+            }
+            Finished::Notify { event, result } => match result {
+                Ok(()) => self.reply(&event, Outcome::Notified, ""),
+                Err(HandlerError::Fatal(message)) => {
+                    if let Some(running) = self.running.remove(&event.key) {
+                        self.fail(&event.key, &running.token, &message, 0).await;
+                    }
+                    self.reply(&event, Outcome::Failed, &message);
+                }
+                Err(error) => self.reply(&event, Outcome::Error, &error.to_string()),
+            },
+        }
+        VecDeque::new()
+    }
+
+    async fn started(
+        &mut self,
+        event: InboxEvent,
+        job: Job,
+        waiting: VecDeque<InboxEvent>,
+        result: Result<(), HandlerError>,
+    ) -> VecDeque<InboxEvent> {
+        match result {
             Ok(()) => {
                 self.running.insert(
                     job.key.clone(),
@@ -113,17 +225,15 @@ impl<H: JobHandler> Worker<H> {
                         job: Job { state: None, ..job.clone() },
                     },
                 );
-                self.reply(&event, Outcome::Started, "").await;
+                self.reply(&event, Outcome::Started, "");
                 let (_, owner) = self.core.route(&job.key);
                 self.misplaced_start |= !owner.is_empty() && owner != self.id;
-                for waiting in waiting {
-                    Box::pin(self.on_event(waiting, 0)).await;
-                }
+                return waiting;
             }
             Err(HandlerError::InvalidInput(message)) => {
                 self.finish(&job.key, &event.token).await;
-                self.reply(&event, Outcome::Refused, &message).await;
-                self.answer_waiting(waiting, Outcome::Missing).await;
+                self.reply(&event, Outcome::Refused, &message);
+                self.answer_waiting(waiting, Outcome::Missing);
             }
             Err(HandlerError::Retryable(message)) if job.attempt < self.core.options.max_attempts => {
                 let wait = self
@@ -138,21 +248,28 @@ impl<H: JobHandler> Worker<H> {
             }
             Err(HandlerError::Retryable(message) | HandlerError::Fatal(message)) => {
                 self.fail(&job.key, &event.token, &message, job.attempt).await;
-                self.reply(&event, Outcome::Failed, &message).await;
-                self.answer_waiting(waiting, Outcome::Failed).await;
+                self.reply(&event, Outcome::Failed, &message);
+                self.answer_waiting(waiting, Outcome::Failed);
             }
         }
+        VecDeque::new()
     }
 
-    pub(super) async fn retry_due(&mut self) {
+    /// Starts again the job whose retry is due, if any.
+    pub(super) fn retry_due(&mut self) {
         let Some(((at, key), ())) = self.retry_at.pop_first() else { return };
-        if at > Instant::now() {
+        if at > Instant::now() || self.calls.is_busy(&key) {
+            // (Busy: a start of a newer ownership is in flight; its
+            // answer decides.)
+            let at = at.max(Instant::now() + self.core.options.retry_backoff);
             self.retry_at.insert((at, key), ());
             return;
         }
         if let Some(Retrying { event, mut job, waiting }) = self.retrying.remove(&key) {
             job.attempt += 1;
-            self.start(event, job, waiting).await;
+            if let Some(call) = self.start(event, job, waiting, false) {
+                self.calls.start(key, None, call);
+            }
         }
     }
 
@@ -162,51 +279,45 @@ impl<H: JobHandler> Worker<H> {
         if let Some(retrying) = self.retrying.remove(&stop.key) {
             self.retry_at.retain(|(_, key), ()| *key != stop.key);
             self.finish(&stop.key, &retrying.event.token).await;
-            self.reply(&retrying.event, Outcome::Refused, "stopped before it could start").await;
-            self.answer_waiting(retrying.waiting, Outcome::Missing).await;
+            self.reply(&retrying.event, Outcome::Refused, "stopped before it could start");
+            self.answer_waiting(retrying.waiting, Outcome::Missing);
         }
-        self.reply(&stop, Outcome::Stopped, "").await;
+        self.reply(&stop, Outcome::Stopped, "");
     }
 
-    pub(super) async fn on_stop(&mut self, event: InboxEvent) {
+    fn on_stop(&mut self, event: InboxEvent) -> Option<Call> {
         let Some(running) = self.fresh(&event) else {
-            self.reply(&event, Outcome::Missing, "").await;
-            return;
+            self.reply(&event, Outcome::Missing, "");
+            return None;
         };
         let token = running.token.clone();
         if !self.may_call() {
-            return;
+            return None;
         }
+        let handler = self.handler.clone();
         let span = self.call_span("stop", &event.key, &token);
-        let result = self.handler.stop(&event.key).instrument(span).await;
-        self.running.remove(&event.key);
-        self.finish(&event.key, &token).await;
-        match result {
-            Ok(()) => self.reply(&event, Outcome::Stopped, "").await,
-            Err(error) => self.reply(&event, Outcome::Error, &error.to_string()).await,
-        }
+        Some(Box::pin(async move {
+            let result = handler.stop(&event.key).instrument(span).await;
+            Finished::Stop { event, token, result }
+        }))
     }
 
-    pub(super) async fn on_notify(&mut self, event: InboxEvent) {
-        let Kind::Notify { payload } = &event.kind else { return };
+    fn on_notify(&mut self, event: InboxEvent) -> Option<Call> {
+        let Kind::Notify { payload } = &event.kind else { return None };
+        let payload = payload.clone();
         if self.fresh(&event).is_none() {
-            self.reply(&event, Outcome::Missing, "").await;
-            return;
+            self.reply(&event, Outcome::Missing, "");
+            return None;
         }
         if !self.may_call() {
-            return;
+            return None;
         }
+        let handler = self.handler.clone();
         let span = self.call_span("notify", &event.key, &event.token);
-        match self.handler.notify(&event.key, payload.clone(), event.seq).instrument(span).await {
-            Ok(()) => self.reply(&event, Outcome::Notified, "").await,
-            Err(HandlerError::Fatal(message)) => {
-                if let Some(running) = self.running.remove(&event.key) {
-                    self.fail(&event.key, &running.token, &message, 0).await;
-                }
-                self.reply(&event, Outcome::Failed, &message).await;
-            }
-            Err(error) => self.reply(&event, Outcome::Error, &error.to_string()).await,
-        }
+        Some(Box::pin(async move {
+            let result = handler.notify(&event.key, payload, event.seq).instrument(span).await;
+            Finished::Notify { event, result }
+        }))
     }
 
     /// The running job an event is for, if it is new (token matches, and
@@ -227,9 +338,9 @@ impl<H: JobHandler> Worker<H> {
         }
     }
 
-    pub(super) async fn answer_waiting(&mut self, waiting: VecDeque<InboxEvent>, outcome: Outcome) {
+    pub(super) fn answer_waiting(&mut self, waiting: VecDeque<InboxEvent>, outcome: Outcome) {
         for event in waiting {
-            self.reply(&event, outcome, "").await;
+            self.reply(&event, outcome, "");
         }
     }
 }

@@ -12,6 +12,7 @@ use crate::core::{Core, WorkerFence};
 use crate::error::Result;
 use crate::job::JobHandler;
 use crate::keys::PoolKeys;
+use crate::options::WorkerOptions;
 
 use super::Worker;
 
@@ -80,6 +81,7 @@ pub(crate) async fn spawn<H: JobHandler>(
     id: String,
     join: u64,
     handler: H,
+    options: &WorkerOptions,
 ) -> Result<WorkerHandle> {
     let inbox_stream = Stream::open(
         &core.client,
@@ -105,12 +107,14 @@ pub(crate) async fn spawn<H: JobHandler>(
         lost: false,
         skipped: false,
         outbox: Vec::new(),
-        handler,
+        processed: Vec::new(),
+        handler: Arc::new(handler),
+        calls: super::calls::Calls::new(options.max_concurrent_calls),
         running: HashMap::new(),
         retrying: HashMap::new(),
         retry_at: BTreeMap::new(),
         ended_tx,
-        last_id: "0-0".to_owned(),
+        last_read: "0-0".to_owned(),
         misplaced_start: false,
         unsettled: true,
         orphans: None,

@@ -167,23 +167,29 @@ impl<H: JobHandler> Worker<H> {
         self.drain_to(&last, inbox, ended).await;
     }
 
-    /// Processes the inbox, in order, up to entry `mark`; stops early if
-    /// the lease is lost (entries are then left for the jobs' next worker).
+    /// Processes the inbox, in order, up to entry `mark`, and waits for the
+    /// calls it made; stops reading early if the lease is lost (entries
+    /// are then left for the jobs' next worker).
     pub(super) async fn drain_to(
         &mut self,
         mark: &str,
         inbox: &mut ReaderSubscription,
         ended: &mut mpsc::UnboundedReceiver<Ended>,
     ) {
-        while id_after(mark, &self.last_id) && !self.lost {
+        while id_after(mark, &self.last_read) && !self.lost {
+            let room = self.calls.has_room();
+            let in_flight = !self.calls.is_idle();
             tokio::select! {
                 biased;
                 Some(end) = ended.recv() => self.on_ended(end),
-                event = inbox.recv() => match event {
+                Some(done) = self.calls.next(), if in_flight => self.complete(done).await,
+                event = inbox.recv(), if room => match event {
                     Some(ReaderEvent::Event(event)) => self.on_entry(event).await,
                     _ => break,
                 },
             }
+            self.flush().await;
         }
+        self.settle().await;
     }
 }

@@ -1,14 +1,18 @@
-//! A worker: reads its inbox and runs its jobs' handler calls in order.
+//! A worker: reads its inbox and runs its jobs' handler calls, in order
+//! per key.
 //!
-//! One task per worker processes the inbox in order, so calls for one key
-//! reach the handler in the order they were sent. It de-duplicates by
+//! One task per worker reads the inbox in order. A call for a key with no
+//! call in flight starts at once, beside those of other keys (up to
+//! `max_concurrent_calls`); later entries for a busy key wait behind its
+//! call, so calls for one key reach the handler in the order they were
+//! sent (see `calls`). It de-duplicates by
 //! (key, token, seq): a start delivered twice under the same token, or an
 //! event whose sequence number was already seen, is not handed to the
 //! handler again.
 //!
 //! Each processed entry is deleted from the inbox in the same round trip as
 //! its answers, so what an inbox holds is exactly what its worker has not
-//! processed: eviction moves that tail to the jobs' next worker.
+//! processed: eviction moves it to the jobs' next workers.
 //!
 //! Before every handler call the worker checks its own fence (see
 //! `core::fence`). Once its lease may have ended it calls nothing more: it
@@ -24,12 +28,15 @@
 //! - this file: the worker's state and its loop (inbox, slot-table
 //!   changes, retries, ticks, the node's requests).
 //! - `handle`: the node's handle on the task; spawning it.
-//! - `events`: starts, stops, notifications, retries.
+//! - `calls`: the calls in flight and the events waiting behind them.
+//! - `events`: starts, stops, notifications, retries: what each needs,
+//!   and applying what its call returned.
 //! - `handoff`: rebalancing and leaving: jobs handed back in order.
 //! - `outbox`: token-fenced writes and the answers sent per entry.
 //! - `recovery`: leaving, shutting down, a lost lease, lost Redis data.
 //! - `reconcile`: jobs listed here that run nowhere.
 
+mod calls;
 mod events;
 mod handle;
 mod handoff;
@@ -90,18 +97,23 @@ struct Worker<H> {
     /// A handler call of the entry being processed was skipped because
     /// Redis lost the pool's data: the entry stays in the inbox.
     skipped: bool,
-    /// Answers to send with the deletion of the entry being processed.
+    /// Answers to send with the next flush.
     outbox: Vec<Outgoing>,
+    /// Inbox entries processed, to delete with the next flush.
+    processed: Vec<String>,
     inbox_key: String,
     /// The inbox, as a stream.
     inbox: Stream,
-    handler: H,
+    handler: Arc<H>,
+    /// The handler calls in flight.
+    calls: calls::Calls,
     running: HashMap<String, Running>,
     retrying: HashMap<String, Retrying>,
     retry_at: BTreeMap<(Instant, String), ()>,
     ended_tx: mpsc::UnboundedSender<Ended>,
-    /// The id of the last inbox entry processed.
-    last_id: String,
+    /// The id of the last inbox entry read (processed, in flight or
+    /// waiting behind its key's call).
+    last_read: String,
     /// A job started here whose key no longer routes here (it was sent with
     /// an older slot table): hand it on after this event.
     misplaced_start: bool,
@@ -130,8 +142,13 @@ impl<H: JobHandler> Worker<H> {
     ) {
         let mut data_losses = self.core.lease.data_losses();
         loop {
-            match self.serve(&mut inbox, &mut slot_changes, &mut control, &mut ended, &mut data_losses).await
-            {
+            let exit =
+                self.serve(&mut inbox, &mut slot_changes, &mut control, &mut ended, &mut data_losses).await;
+            // Whatever comes next, no call is in flight: the calls made run
+            // to their end (their writes stay fenced by the jobs' tokens)
+            // and what waited for them is processed or left in the inbox.
+            self.settle().await;
+            match exit {
                 Exit::Control(request) => {
                     self.on_control(request, &mut inbox, &mut ended).await;
                     reader.close().await;
@@ -178,7 +195,9 @@ impl<H: JobHandler> Worker<H> {
         checks.reset();
         loop {
             let next_retry = self.retry_at.keys().next().map(|(at, _)| *at);
-            let has_jobs = !self.running.is_empty() || !self.retrying.is_empty();
+            let has_jobs = !self.running.is_empty() || !self.retrying.is_empty() || !self.calls.is_idle();
+            let room = self.calls.has_room();
+            let in_flight = !self.calls.is_idle();
             let fence = self.fence.clone();
             tokio::select! {
                 biased;
@@ -195,10 +214,11 @@ impl<H: JobHandler> Worker<H> {
                         return Exit::Lost;
                     }
                 }
-                () = sleep_until(next_retry) => {
-                    self.retry_due().await;
-                    self.flush(None).await;
+                Some(done) = self.calls.next(), if in_flight => {
+                    self.complete(done).await;
+                    self.complete_ready().await;
                 }
+                () = sleep_until(next_retry) => self.retry_due(),
                 Some(_) = slot_changes.recv() => {
                     self.rebalance(inbox, ended).await;
                     self.unsettled = true;
@@ -209,14 +229,8 @@ impl<H: JobHandler> Worker<H> {
                     }
                     self.reconcile().await;
                 }
-                event = inbox.recv() => match event {
-                    Some(ReaderEvent::Event(event)) => {
-                        self.on_entry(event).await;
-                        if self.misplaced_start && !self.lost {
-                            self.misplaced_start = false;
-                            self.rebalance(inbox, ended).await;
-                        }
-                    }
+                event = inbox.recv(), if room => match event {
+                    Some(ReaderEvent::Event(event)) => self.on_entry(event).await,
                     Some(ReaderEvent::Lagged { resume_after }) => {
                         // 65,536 unread entries: the handler is far behind.
                         tracing::error!(resume_after, "inbox reader lagged; entries after this id were skipped");
@@ -224,8 +238,13 @@ impl<H: JobHandler> Worker<H> {
                     None => return Exit::Closed,
                 },
             }
+            self.flush().await;
             if self.lost {
                 return Exit::Lost;
+            }
+            if self.misplaced_start {
+                self.misplaced_start = false;
+                self.rebalance(inbox, ended).await;
             }
         }
     }

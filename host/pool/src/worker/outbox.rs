@@ -59,7 +59,7 @@ impl<H: JobHandler> Worker<H> {
     }
 
     /// Answers the caller waiting for `event`, if any, with the next flush.
-    pub(super) async fn reply(&mut self, event: &InboxEvent, outcome: Outcome, message: &str) {
+    pub(super) fn reply(&mut self, event: &InboxEvent, outcome: Outcome, message: &str) {
         if event.reply.is_empty() {
             return;
         }
@@ -70,10 +70,10 @@ impl<H: JobHandler> Worker<H> {
         });
     }
 
-    /// Sends the answers waiting in the outbox and, with `processed`,
-    /// deletes that entry from the inbox: one round trip.
-    pub(super) async fn flush(&mut self, processed: Option<&str>) {
-        if self.outbox.is_empty() && processed.is_none() {
+    /// Sends the answers waiting in the outbox and deletes the entries
+    /// processed since the last flush from the inbox: one round trip.
+    pub(super) async fn flush(&mut self) {
+        if self.outbox.is_empty() && self.processed.is_empty() {
             return;
         }
         let mut pipe = redis::pipe();
@@ -92,10 +92,12 @@ impl<H: JobHandler> Worker<H> {
                 .arg(out.payload)
                 .ignore();
         }
-        if let Some(id) = processed {
-            // XDEL, not XTRIM MINID: an exact trim scans the head node of
-            // the stream on every call; deleting one entry is a lookup.
-            pipe.cmd("XDEL").arg(&self.inbox_key).arg(id).ignore();
+        if !self.processed.is_empty() {
+            // XDEL, not XTRIM MINID: entries are processed out of order
+            // (calls of different keys finish in any order), and an exact
+            // trim scans the head node of the stream on every call;
+            // deleting an entry is a lookup.
+            pipe.cmd("XDEL").arg(&self.inbox_key).arg(std::mem::take(&mut self.processed)).ignore();
         }
         // Sent again when the connection dropped: a lost answer leaves its
         // caller waiting, and both commands may run twice (a second answer

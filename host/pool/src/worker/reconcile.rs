@@ -44,9 +44,11 @@ impl<H: JobHandler> Worker<H> {
             return;
         }
         if let Some(orphans) = self.orphans.take() {
-            if id_after(&orphans.mark, &self.last_id) {
-                self.orphans = Some(orphans); // not processed up to the mark yet
+            if id_after(&orphans.mark, &self.last_read) {
+                self.orphans = Some(orphans); // not read up to the mark yet
             } else {
+                // Every entry up to the mark processed, calls included.
+                self.settle().await;
                 self.hand_back_orphans(orphans.suspects).await;
             }
             return;

@@ -58,7 +58,7 @@ impl<H: JobHandler> Worker<H> {
                 done
             }
         };
-        self.flush(None).await;
+        self.flush().await;
         let _ = done.send(());
     }
 
@@ -141,7 +141,7 @@ impl<H: JobHandler> Worker<H> {
             // (after a data loss) keep their contexts.
             self.fence = self.core.lease.add_member(&self.id, Some(self.fence.clone()));
             self.lost = false;
-            self.last_id = "0-0".to_owned();
+            self.last_read = "0-0".to_owned();
             let joined = match open_inbox(&self.inbox).await {
                 Ok((reader, inbox)) => match self.core.join_worker(&self.id, self.join).await {
                     Ok(()) => Ok((reader, inbox)),

@@ -1,6 +1,7 @@
 //! The pool against real private Redis servers, with in-process handlers
 //! that record every call.
 //!
+//! - `concurrency`: calls of different keys at once, of one key in order.
 //! - `dispatch`: routing, outcomes, unique keys, queued jobs, failures.
 //! - `events`: stop and notify, order, sequence numbers, duplicates.
 //! - `membership`: workers joining and leaving while jobs run.
@@ -10,6 +11,7 @@
 //! - `schedules`: tickers and schedules.
 #![allow(clippy::unwrap_used, reason = "tests and their helpers: a panic is the failure report")]
 
+mod concurrency;
 mod dispatch;
 mod events;
 mod liveness;
