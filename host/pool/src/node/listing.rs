@@ -2,20 +2,19 @@
 //! (jobs are not replicated to nodes: bounded memory, I5); it costs O(n) in
 //! what it lists, and nothing per dispatch.
 //!
-//! A [`Node`] lists workers and nodes from its replicas; a [`PoolView`]
-//! reads everything from Redis on each call and costs one connection to
+//! A [`Node`] lists workers and nodes from its replicas; a
+//! [`super::PoolView`] (`view`) reads everything from Redis on each call and costs one connection to
 //! open: no replica, no subscription, no reply stream (the command line's
 //! read-only commands use it). Both read jobs the same way.
 
 use std::collections::{BTreeMap, HashMap};
 
-use pulse_rmap::{Map, MapOptions};
 use redis::aio::ConnectionLike;
 
 use super::Node;
 use crate::error::Result;
 use crate::job::{JobInfo, JobState};
-use crate::keys::{PoolKeys, SLOTS_MAP, WORKERS_MAP, validate_pool};
+use crate::keys::PoolKeys;
 
 /// The fields of a job's record that listing shows: created, attempt, reason.
 type Record = (Option<u64>, Option<u32>, Option<String>);
@@ -139,99 +138,7 @@ impl Node {
     }
 }
 
-/// A read-only look at a pool, read from Redis on each call.
-///
-/// Opening one costs a connection and nothing else: it neither joins the
-/// pool nor replicates its membership, so a short-lived reader (a listing
-/// from the command line) answers in a few round trips.
-#[derive(Clone)]
-pub struct PoolView {
-    conn: redis::aio::MultiplexedConnection,
-    keys: PoolKeys,
-}
-
-impl std::fmt::Debug for PoolView {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PoolView").field("pool", &self.keys.pool).finish_non_exhaustive()
-    }
-}
-
-impl PoolView {
-    /// Opens a view of pool `pool` on the Redis of `client`.
-    ///
-    /// # Errors
-    /// [`crate::Error::InvalidPool`]; Redis failures.
-    ///
-    /// # Cancel safety
-    /// Cancel safe: it only connects.
-    pub async fn open(client: &redis::Client, pool: &str) -> Result<Self> {
-        validate_pool(pool)?;
-        let keys = PoolKeys::new(pool);
-        let conn = client.get_multiplexed_async_connection().await.map_err(keys.redis_error("connect"))?;
-        Ok(Self { conn, keys })
-    }
-
-    /// What the pool knows of job `key`.
-    ///
-    /// # Errors
-    /// Redis failures.
-    ///
-    /// # Cancel safety
-    /// Cancel safe: it only reads.
-    pub async fn status(&self, key: &str) -> Result<Option<JobInfo>> {
-        status(&mut self.conn.clone(), &self.keys, key).await
-    }
-
-    /// Every job of the pool, in no particular order.
-    ///
-    /// # Errors
-    /// Redis failures.
-    ///
-    /// # Cancel safety
-    /// Cancel safe: it only reads.
-    pub async fn jobs(&self) -> Result<Vec<JobInfo>> {
-        all_jobs(&mut self.conn.clone(), &self.keys).await
-    }
-
-    /// The pool's workers, by join number.
-    ///
-    /// # Errors
-    /// Redis failures.
-    ///
-    /// # Cancel safety
-    /// Cancel safe: it only reads.
-    pub async fn workers(&self) -> Result<Vec<WorkerInfo>> {
-        let (slots, workers) = self.maps().await?;
-        let mut held: HashMap<String, usize> = HashMap::new();
-        for worker in slots.into_values() {
-            *held.entry(worker).or_default() += 1;
-        }
-        workers_of(&mut self.conn.clone(), &self.keys, held, workers).await
-    }
-
-    /// The pool's full nodes, from the workers they host.
-    ///
-    /// # Errors
-    /// Redis failures.
-    ///
-    /// # Cancel safety
-    /// Cancel safe: it only reads.
-    pub async fn nodes(&self) -> Result<Vec<NodeInfo>> {
-        let (_, workers) = self.maps().await?;
-        Ok(nodes_of(workers))
-    }
-
-    /// The slot table and the workers map, each read once.
-    async fn maps(&self) -> Result<(HashMap<String, String>, HashMap<String, String>)> {
-        let options = MapOptions::default().hash_tag(&self.keys.pool);
-        let mut conn = self.conn.clone();
-        let slots = Map::read_once(&mut conn, SLOTS_MAP, &options).await?;
-        let workers = Map::read_once(&mut conn, WORKERS_MAP, &options).await?;
-        Ok((slots, workers))
-    }
-}
-
-fn nodes_of(workers: HashMap<String, String>) -> Vec<NodeInfo> {
+pub(super) fn nodes_of(workers: HashMap<String, String>) -> Vec<NodeInfo> {
     let mut nodes: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for (worker, value) in workers {
         if let Some((node, _)) = value.split_once('|') {
@@ -247,7 +154,7 @@ fn nodes_of(workers: HashMap<String, String>) -> Vec<NodeInfo> {
         .collect()
 }
 
-async fn status<C: ConnectionLike + Send>(
+pub(super) async fn status<C: ConnectionLike + Send>(
     conn: &mut C,
     keys: &PoolKeys,
     key: &str,
@@ -320,7 +227,10 @@ async fn mark_starting<C: ConnectionLike + Send>(
     Ok(())
 }
 
-async fn all_jobs<C: ConnectionLike + Send>(conn: &mut C, keys: &PoolKeys) -> Result<Vec<JobInfo>> {
+pub(super) async fn all_jobs<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &PoolKeys,
+) -> Result<Vec<JobInfo>> {
     let mut jobs = Vec::new();
     let mut cursor = 0;
     loop {
@@ -366,7 +276,7 @@ async fn jobs_page<C: ConnectionLike + Send>(
 
 /// The workers of the workers map, with the slots each holds (`held`:
 /// worker -> slots) and their job counts.
-async fn workers_of<C: ConnectionLike + Send>(
+pub(super) async fn workers_of<C: ConnectionLike + Send>(
     conn: &mut C,
     keys: &PoolKeys,
     held: HashMap<String, usize>,

@@ -7,12 +7,14 @@
 //! - `dispatch`: dispatch, stop, notify, retry, forget.
 //! - `membership`: workers joining and leaving; the pool's shutdown.
 //! - `upkeep`: the full node's task: lease renewals, the janitor.
-//! - `listing`: jobs, workers, status.
+//! - `listing`: jobs, workers, status, and the Redis reads behind them.
+//! - `view`: [`PoolView`], the same listings without joining.
 
 mod dispatch;
 mod listing;
 mod membership;
 mod upkeep;
+mod view;
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -29,7 +31,8 @@ use crate::keys::{PoolKeys, SLOTS_MAP, WORKERS_MAP, validate_pool};
 use crate::options::NodeOptions;
 use crate::worker::WorkerHandle;
 
-pub use listing::{JobCounts, NodeInfo, PoolView, WorkerInfo};
+pub use listing::{JobCounts, NodeInfo, WorkerInfo};
+pub use view::PoolView;
 
 /// The workers a node hosts, by id.
 pub(crate) type LocalWorkers = Arc<Mutex<HashMap<String, WorkerHandle>>>;

@@ -1,0 +1,179 @@
+//! The processes of the `dispatch` scenario: the no-op worker process, the
+//! host process, and who dispatches into them.
+
+use std::io::Read;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pulse_pool::{DispatchOutcome, HandlerError, Job, JobContext, JobHandler, Node, NodeOptions};
+
+use super::{BenchResult, Handler, STARTUP, WORKERS};
+use crate::Args;
+
+/// The hidden scenario name of the no-op worker process.
+pub const SERVE_WORKERS: &str = "serve-workers";
+/// The hidden scenario name of the plugin worker process.
+pub const SERVE_HOST: &str = "serve-host";
+
+/// A handler that accepts everything and does nothing.
+struct NoOp;
+
+impl JobHandler for NoOp {
+    async fn start(&self, _job: Job, _ctx: JobContext) -> Result<(), HandlerError> {
+        Ok(())
+    }
+    async fn stop(&self, _key: &str) -> Result<(), HandlerError> {
+        Ok(())
+    }
+    async fn notify(&self, _key: &str, _payload: Vec<u8>, _seq: u64) -> Result<(), HandlerError> {
+        Ok(())
+    }
+}
+
+pub(super) fn spawn_noop_workers(url: &str, pool: &str) -> Result<Child, Box<dyn std::error::Error>> {
+    crate::process::spawn_ready(&[SERVE_WORKERS, "--redis", url, "--pool", pool])
+}
+
+/// Who dispatches: a client-only node in this process, or the HTTP API
+/// of the host process.
+#[derive(Clone)]
+pub(crate) enum Dispatcher {
+    Node(Arc<Node>),
+    Http { client: reqwest::Client, url: String },
+}
+
+impl Dispatcher {
+    /// The API at `address`, once it answers ready.
+    pub(crate) async fn http(
+        address: std::net::SocketAddr,
+        pool: &str,
+    ) -> Result<Self, Box<dyn std::error::Error>> {
+        let client = reqwest::Client::new();
+        let deadline = Instant::now() + STARTUP;
+        loop {
+            let ready = client.get(format!("http://{address}/readyz")).send().await;
+            if ready.is_ok_and(|r| r.status().is_success()) {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(format!("the host's API at {address} was not ready after {STARTUP:?}").into());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(Self::Http { client, url: format!("http://{address}/api/pools/{pool}/jobs") })
+    }
+
+    /// Dispatches `key` with `payload` (ASCII); whether a worker confirmed
+    /// its start.
+    pub(crate) async fn started(&self, key: &str, payload: &[u8]) -> bool {
+        match self {
+            Self::Node(node) => matches!(node.dispatch(key, payload).await, Ok(DispatchOutcome::Started)),
+            Self::Http { client, url } => {
+                let payload = std::str::from_utf8(payload).expect("the payload is ASCII");
+                let body = serde_json::json!({"key": key, "payload": payload});
+                let answer = client.post(url).json(&body).send().await;
+                answer.is_ok_and(|response| response.status() == reqwest::StatusCode::CREATED)
+            }
+        }
+    }
+}
+
+/// A loopback address nobody listens on now.
+pub(crate) fn free_address() -> std::io::Result<std::net::SocketAddr> {
+    std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()
+}
+
+/// Starts the host's own `run` in another process, serving the handler's
+/// plugin with 4 workers in `pool` (and its HTTP API on `api`).
+pub(crate) fn spawn_host(
+    url: &str,
+    pool: &str,
+    handler: Handler,
+    jobs: usize,
+    api: Option<std::net::SocketAddr>,
+    dir: &Path,
+) -> Result<Child, Box<dyn std::error::Error>> {
+    let name = match handler {
+        Handler::Slow | Handler::SlowSerial => "slow",
+        _ => "echo",
+    };
+    let plugin = crate::runtime::plugin_path(name)?;
+    let (isolation, max_instances) = match handler.instance_per_job() {
+        true => ("job", jobs + WORKERS * 4),
+        false => ("worker", WORKERS * 4),
+    };
+    let calls = match handler {
+        Handler::SlowSerial => "max_concurrent_calls = 1\n",
+        _ => "",
+    };
+    let http = api.map(|address| format!("[http]\nlisten = \"{address}\"\n\n")).unwrap_or_default();
+    let config = format!(
+        "{http}[runtime]\nmax_instances = {max_instances}\n\n\
+         [[plugin]]\nname = {name:?}\npath = {path:?}\npool = {pool:?}\nworkers = {WORKERS}\nisolation = {isolation:?}\n{calls}",
+        path = plugin.display().to_string(),
+    );
+    let path = dir.join(format!("{pool}.toml"));
+    std::fs::write(&path, config)?;
+    let path = path.to_str().ok_or("the temporary directory's path is not UTF-8")?;
+    Ok(Command::new(std::env::current_exe()?)
+        .args([SERVE_HOST, path, "--redis", url])
+        .stdin(Stdio::piped())
+        .spawn()?)
+}
+
+/// Waits until the pool lists the worker process's 4 workers with slots.
+pub(super) async fn wait_for_workers(node: &Node, process: &mut Child) -> BenchResult {
+    let deadline = Instant::now() + STARTUP;
+    loop {
+        let workers = node.workers().await?;
+        if workers.iter().filter(|w| w.slots > 0).count() >= WORKERS {
+            return Ok(());
+        }
+        if let Some(status) = process.try_wait()? {
+            return Err(format!("the worker process ended before its workers joined: {status}").into());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("the worker process had no {WORKERS} workers after {STARTUP:?}").into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The worker process: a full node with 4 no-op workers, until its stdin
+/// closes.
+pub fn serve_workers(args: &Args) -> BenchResult {
+    let url = args.redis.clone().ok_or("serve-workers needs --redis")?;
+    let tokio = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    tokio.block_on(async {
+        let client = redis::Client::open(url.as_str())?;
+        let pool = args.pool.as_deref().ok_or("serve-workers needs --pool")?;
+        let node = Node::join(&client, pool, NodeOptions::default()).await?;
+        for _ in 0..WORKERS {
+            node.add_worker(NoOp).await?;
+        }
+        println!("ready");
+        // Blocks until the parent closes our stdin (or dies).
+        tokio::task::spawn_blocking(|| {
+            let mut sink = Vec::new();
+            let _ = std::io::stdin().read_to_end(&mut sink);
+        })
+        .await?;
+        Ok(())
+    })
+}
+
+/// The plugin worker process: `pulse_host::run` with the config at the
+/// path given, until its pool is shut down.
+pub fn serve_host(args: &Args) -> BenchResult {
+    let url = args.redis.clone().ok_or("serve-host needs --redis")?;
+    let path = args.rest.get(1).ok_or("serve-host needs a config path")?;
+    let config = pulse_config::load(Path::new(path))?;
+    let tokio = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    tokio.block_on(async {
+        let client = redis::Client::open(url.as_str())?;
+        pulse_host::run::run(&config, &client).await?;
+        Ok(())
+    })
+}
