@@ -110,7 +110,18 @@ impl Node {
     ) -> Result<Schedule> {
         let ticker = Ticker::new(self.core.clone(), name, interval, true).await?;
         let span = tracing::info_span!("pool.schedule", pool = %self.pool(), schedule = %name);
-        let task = tokio::spawn(run(self.clone(), ticker, producer).instrument(span));
+        // On the node's tracker: it ends when the node closes.
+        let closed = self.core.token.clone();
+        let run = run(self.clone(), ticker, producer);
+        let task = self.core.tasks.spawn(
+            async move {
+                tokio::select! {
+                    () = closed.cancelled() => {}
+                    () = run => {}
+                }
+            }
+            .instrument(span),
+        );
         Ok(Schedule { name: name.to_owned(), task })
     }
 

@@ -71,8 +71,9 @@ impl Ticker {
         let first = ask(&core, name, interval_ms, true, immediate).await?;
         let (sender, ticks) = mpsc::channel(1);
         let span = tracing::info_span!("pool.ticker", pool = %core.keys.pool, ticker = %name);
+        // On the node's tracker: it ends when the node closes.
         let task =
-            tokio::spawn(run(core.clone(), name.to_owned(), interval_ms, first, sender).instrument(span));
+            core.tasks.spawn(run(core.clone(), name.to_owned(), interval_ms, first, sender).instrument(span));
         Ok(Self { name: name.to_owned(), ticks, task, core })
     }
 
@@ -172,7 +173,10 @@ async fn run(core: Arc<Core>, name: String, interval_ms: u64, first: Reply, send
             }
         };
         // A millisecond more: Redis time may run a little behind ours.
-        tokio::time::sleep(delay + Duration::from_millis(1)).await;
+        tokio::select! {
+            () = core.token.cancelled() => return,
+            () = tokio::time::sleep(delay + Duration::from_millis(1)) => {}
+        }
         // Ask only once the last tick was taken: a busy consumer leaves the
         // ticks to the other nodes.
         let Ok(permit) = sender.reserve().await else { return };

@@ -21,6 +21,7 @@ use std::sync::atomic::AtomicU64;
 
 use pulse_rmap::Map;
 use redis::aio::ConnectionManager;
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::error::Error;
@@ -47,8 +48,13 @@ pub(crate) struct Core {
     pub(crate) waiters: Waiters,
     pub(crate) lease: Lease,
     /// Every task of the node: its reply reader, its lease task, its
-    /// workers. Closing the node waits for all of them.
+    /// workers, its tickers and schedules. Closing the node waits for all
+    /// of them.
     pub(crate) tasks: TaskTracker,
+    /// Cancelled when the node closes, once its workers have left: the
+    /// tasks that would otherwise run on (reply reader, lease task,
+    /// tickers, schedules) end.
+    pub(crate) token: CancellationToken,
     pub(crate) metrics: crate::metrics::PoolMetrics,
     /// Scripts refused for a stale slot table or a moved owner, retried.
     pub(crate) routing_retries: AtomicU64,
@@ -79,6 +85,7 @@ impl Core {
             waiters: Waiters::default(),
             lease,
             tasks: TaskTracker::new(),
+            token: CancellationToken::new(),
             routing_retries: AtomicU64::new(0),
         }
     }

@@ -22,7 +22,6 @@ use std::sync::{Arc, Mutex};
 
 use pulse_rmap::{Map, MapOptions};
 use redis::aio::ConnectionManager;
-use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::core::{self, Core};
@@ -62,7 +61,6 @@ pub struct Node {
     pub(crate) core: Arc<Core>,
     client_only: bool,
     pub(crate) local_workers: LocalWorkers,
-    token: CancellationToken,
     /// Becomes true once the pool shut down and this node's workers left.
     stopped: tokio::sync::watch::Receiver<bool>,
 }
@@ -122,7 +120,7 @@ impl Node {
         let id = ulid::Ulid::new().to_string();
         let lease = core::Lease::new(epoch, slot_count);
         let core = Arc::new(Core::new(id, client.clone(), keys, conn, options, (slots, workers), lease));
-        let token = CancellationToken::new();
+        let token = core.token.clone();
         core::start_replies(&core, &token).await?;
         let tasks = &core.tasks;
         let local_workers: LocalWorkers = Arc::default();
@@ -137,7 +135,7 @@ impl Node {
             );
         }
         tracing::info!(pool, node = %core.id, client_only, "joined the pool");
-        Ok(Self { core, client_only, local_workers, token, stopped })
+        Ok(Self { core, client_only, local_workers, stopped })
     }
 
     /// Waits until the pool shuts down ([`Node::shutdown`], from any node)
@@ -208,7 +206,7 @@ impl Node {
             );
         }
         drop(stranded);
-        self.token.cancel();
+        self.core.token.cancel();
         self.core.tasks.close();
         self.core.tasks.wait().await;
         let mut conn = self.core.conn.clone();
@@ -240,6 +238,6 @@ impl std::fmt::Debug for Node {
 
 impl Drop for Node {
     fn drop(&mut self) {
-        self.token.cancel();
+        self.core.token.cancel();
     }
 }

@@ -246,6 +246,32 @@ async fn a_ticker_waits_while_its_pool_is_gone_and_starts_over_once_it_is_back()
     finish(&pool, &[]).await;
 }
 
+#[tokio::test]
+async fn closing_a_node_ends_its_tickers_and_schedules() {
+    let pool = unique("ticker_close");
+    let node = Arc::new(pulse_pool::Node::client(&client(), &pool, options()).await.unwrap());
+    let mut ticker = node.ticker("t", Duration::from_millis(50)).await.unwrap();
+    assert!(within(&mut ticker).await.is_some());
+    let producer = Scripted::default();
+    producer.keep(&[]);
+    let mut schedule = node.schedule("s", Duration::from_millis(50), producer.clone()).await.unwrap();
+    let asked = || *producer.asked.lock().unwrap();
+    while asked() < 2 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    node.close().await;
+    // At most the one tick fired into its channel before the close.
+    let mut after = 0;
+    while within(&mut ticker).await.is_some() {
+        after += 1;
+        assert!(after <= 1, "a ticker went on after its node closed");
+    }
+    tokio::time::timeout(PATIENCE, schedule.ended()).await.expect("a schedule went on after its node closed");
+    let mut conn = pulse_testkit::connect(pulse_testkit::shared_redis_url()).await;
+    redis::cmd("DEL").arg(format!("pulse:{{{pool}}}:tickers")).exec_async(&mut conn).await.unwrap();
+    finish(&pool, &[]).await;
+}
+
 /// The ticker's next tick, or `None` when it ended.
 async fn within(ticker: &mut pulse_pool::Ticker) -> Option<Tick> {
     tokio::time::timeout(PATIENCE, ticker.tick()).await.expect("neither a tick nor the end")
