@@ -38,16 +38,31 @@ pub fn load(config: &Config) -> anyhow::Result<Loaded> {
                 Isolation::Job => pulse_runtime::Isolation::Job,
                 Isolation::Worker => pulse_runtime::Isolation::Worker,
             },
+            outbound: outbound("plugin", &plugin.name, &plugin.allowed_outbound_hosts)?,
         };
         plugins.push(runtime.load_file(&plugin.name, &plugin.path, options)?);
     }
     let mut producers = Vec::new();
     for schedule in &config.schedules {
-        let options =
-            ProducerOptions { limits: limits(&schedule.limits), settings: schedule.settings.clone() };
+        let options = ProducerOptions {
+            limits: limits(&schedule.limits),
+            settings: schedule.settings.clone(),
+            outbound: outbound("schedule", &schedule.name, &schedule.allowed_outbound_hosts)?,
+        };
         producers.push(runtime.load_producer_file(&schedule.name, &schedule.path, options)?);
     }
     Ok(Loaded { runtime, plugins, producers })
+}
+
+/// What a plugin or producer may reach over HTTP: its
+/// `allowed_outbound_hosts`, each entry checked.
+fn outbound(what: &str, name: &str, allowed: &[String]) -> anyhow::Result<pulse_runtime::Outbound> {
+    let allowed = allowed
+        .iter()
+        .map(|entry| entry.parse())
+        .collect::<Result<_, pulse_runtime::AllowedHostError>>()
+        .with_context(|| format!("{what} {name:?}: allowed_outbound_hosts"))?;
+    Ok(pulse_runtime::Outbound { allowed, ..pulse_runtime::Outbound::default() })
 }
 
 /// The runtime's configuration from `[runtime]`.

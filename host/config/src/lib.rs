@@ -136,6 +136,9 @@ pub struct PluginConfig {
     /// `max_concurrent_calls`: calls of different jobs a worker makes at
     /// once.
     pub max_concurrent_calls: usize,
+    /// `allowed_outbound_hosts`: where its jobs may send HTTP requests
+    /// (checked when the plugin is loaded).
+    pub allowed_outbound_hosts: Vec<String>,
     /// `[plugin.limits]`.
     pub limits: Limits,
     /// `[plugin.settings]`.
@@ -155,6 +158,8 @@ pub struct ScheduleConfig {
     pub pool: String,
     /// `interval` between plans.
     pub interval: Duration,
+    /// `allowed_outbound_hosts` of the producer.
+    pub allowed_outbound_hosts: Vec<String>,
     /// `[schedule.limits]` of each plan call.
     pub limits: Limits,
     /// `[schedule.settings]`.

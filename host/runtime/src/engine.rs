@@ -250,6 +250,10 @@ impl Runtime {
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)
             .map_err(|e| EngineError::Engine(format!("failed to add WASI to the linker: {e:#}")))?;
+        // Outgoing HTTP only (no incoming handler); what a request may reach
+        // is decided per plugin (`outbound`).
+        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)
+            .map_err(|e| EngineError::Engine(format!("failed to add wasi:http to the linker: {e:#}")))?;
         JobHandler::add_to_linker::<_, HasSelf<HostState>>(&mut linker, |state| state).map_err(|e| {
             EngineError::Engine(format!("failed to add the host functions to the linker: {e:#}"))
         })?;

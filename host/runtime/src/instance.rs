@@ -22,6 +22,7 @@ use crate::host::{HostState, JobSlot};
 use crate::job::Job;
 use crate::limits::{Limiter, Limits, MemoryLimitExceeded};
 use crate::metrics::PluginMetrics;
+use crate::outbound::OutboundHooks;
 use crate::outputs::JobOutputs;
 use crate::plugin::PluginInner;
 
@@ -74,7 +75,14 @@ impl Instance {
     ) -> Result<Self, CallError> {
         let limiter = Limiter::new(plugin.limits.memory, plugin.metrics.clone(), plugin.quota.clone())?;
         let gate = LogGate::new(plugin.metrics.log_dropped.clone());
-        let state = HostState::new(limiter, plugin.settings.clone(), outputs, commands, gate);
+        let http = OutboundHooks::new(
+            &plugin.name,
+            plugin.outbound.clone(),
+            outputs.clone(),
+            plugin.metrics.clone(),
+            true,
+        );
+        let state = HostState::new(limiter, plugin.settings.clone(), outputs, commands, gate, http);
         let mut store = new_store(plugin.pre.engine(), state, plugin.fuel_enabled)?;
         let started = std::time::Instant::now();
         let bindings = plugin
@@ -191,6 +199,7 @@ impl Instance {
         refuel(&mut self.store, &limits, self.fuel_enabled)?;
         let span = tracing::info_span!("call", job.key = call.key(), call = call.name());
         self.store.data().log_gate.enter(call.key());
+        self.store.data_mut().http_hooks.enter(call.key());
         let handler = self.bindings.pulse_job_handler();
         let store = &mut self.store;
         let outcome = async {

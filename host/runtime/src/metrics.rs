@@ -13,6 +13,13 @@
 //! - `pulse_plugin_instances`: live instances.
 //! - `pulse_plugin_log_lines_dropped_total`: log lines of its jobs dropped
 //!   over their log rate (`bounds`).
+//! - `pulse_plugin_http_requests_total{host, status}`: outgoing HTTP
+//!   requests sent, by destination host and status class (`2xx` … `5xx`,
+//!   or `error` when no response came).
+//! - `pulse_plugin_http_denied_total`: outgoing requests refused (not
+//!   allowed, job fenced, too many in flight) or cancelled by the fence.
+//! - `pulse_plugin_http_request_seconds`: a histogram, until the response's
+//!   head.
 
 use metrics::{Counter, Gauge, Histogram};
 
@@ -36,6 +43,9 @@ pub(crate) struct PluginMetrics {
     pub(crate) instances: Gauge,
     /// `pulse_plugin_log_lines_dropped_total`: lines over a job's log rate.
     pub(crate) log_dropped: Counter,
+    pub(crate) http_denied: Counter,
+    http_seconds: Histogram,
+    plugin: String,
 }
 
 impl PluginMetrics {
@@ -70,6 +80,9 @@ impl PluginMetrics {
             memory: metrics::gauge!("pulse_plugin_memory_bytes", "plugin" => plugin.to_owned()),
             instances: metrics::gauge!("pulse_plugin_instances", "plugin" => plugin.to_owned()),
             log_dropped: metrics::counter!("pulse_plugin_log_lines_dropped_total", "plugin" => plugin.to_owned()),
+            http_denied: metrics::counter!("pulse_plugin_http_denied_total", "plugin" => plugin.to_owned()),
+            http_seconds: metrics::histogram!("pulse_plugin_http_request_seconds", "plugin" => plugin.to_owned()),
+            plugin: plugin.to_owned(),
         }
     }
 
@@ -89,6 +102,24 @@ impl PluginMetrics {
         if let Some(counters) = self.names.iter().position(|c| *c == call).and_then(|i| self.calls.get(i)) {
             counters[outcome].increment(1);
         }
+    }
+
+    /// Counts an outgoing request to `host` answered with `status` (`None`:
+    /// no answer) after `took`. Its labels vary, so the handle is looked up
+    /// per request (a request costs far more).
+    pub(crate) fn http_request(&self, host: &str, status: Option<u16>, took: std::time::Duration) {
+        let class = match status {
+            Some(status @ 100..=599) => ["1xx", "2xx", "3xx", "4xx", "5xx"][usize::from(status / 100 - 1)],
+            _ => "error",
+        };
+        metrics::counter!(
+            "pulse_plugin_http_requests_total",
+            "plugin" => self.plugin.clone(),
+            "host" => host.to_owned(),
+            "status" => class
+        )
+        .increment(1);
+        self.http_seconds.record(took.as_secs_f64());
     }
 
     pub(crate) fn instantiated(&self, took: std::time::Duration) {

@@ -12,6 +12,7 @@ use crate::host::HostState;
 use crate::instance::Instance;
 use crate::limits::{Limits, Quota};
 use crate::metrics::PluginMetrics;
+use crate::outbound::Outbound;
 use crate::outputs::JobOutputs;
 use crate::runner::JobRunner;
 
@@ -38,6 +39,8 @@ pub struct PluginOptions {
     pub settings: BTreeMap<String, String>,
     /// Instances per job or per worker.
     pub isolation: Isolation,
+    /// What its jobs may reach over HTTP (nothing by default).
+    pub outbound: Outbound,
 }
 
 /// A plugin ready to run: compiled, checked and pre-instantiated. Cheap to
@@ -56,6 +59,7 @@ pub(crate) struct PluginInner {
     pub(crate) fuel_enabled: bool,
     pub(crate) metrics: Arc<PluginMetrics>,
     pub(crate) quota: Arc<Quota>,
+    pub(crate) outbound: Arc<Outbound>,
 }
 
 /// The 8 bytes every WebAssembly binary starts with: magic, then a version
@@ -90,6 +94,7 @@ impl Plugin {
                 fuel_enabled: runtime.config.fuel_enabled(),
                 metrics: Arc::new(PluginMetrics::handler(name)),
                 quota: Quota::new(name, options.limits.instances),
+                outbound: Arc::new(options.outbound),
             }),
         })
     }

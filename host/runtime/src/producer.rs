@@ -17,6 +17,7 @@ use crate::host::HostState;
 use crate::instance::{classify, new_store, refuel};
 use crate::limits::{Limiter, Limits, Quota};
 use crate::metrics::PluginMetrics;
+use crate::outbound::{Outbound, OutboundHooks};
 use crate::outputs::{BoxFuture, JobOutputs};
 use crate::plugin::{check_options, compile};
 
@@ -29,6 +30,8 @@ pub struct ProducerOptions {
     pub limits: Limits,
     /// Settings the producer reads with `config(name)`.
     pub settings: BTreeMap<String, String>,
+    /// What it may reach over HTTP (nothing by default).
+    pub outbound: Outbound,
 }
 
 /// Which jobs should run, as a producer answered.
@@ -66,6 +69,7 @@ struct ProducerInner {
     fuel_enabled: bool,
     metrics: Arc<PluginMetrics>,
     quota: Arc<Quota>,
+    outbound: Arc<Outbound>,
 }
 
 impl Producer {
@@ -91,6 +95,7 @@ impl Producer {
                 fuel_enabled: runtime.config.fuel_enabled(),
                 metrics: Arc::new(PluginMetrics::producer(name)),
                 quota: Quota::new(name, options.limits.instances),
+                outbound: Arc::new(options.outbound),
             }),
         })
     }
@@ -118,6 +123,13 @@ impl Producer {
             // A sender whose receiver is gone: a producer has no timers.
             tokio::sync::mpsc::channel(1).0.downgrade(),
             LogGate::new(inner.metrics.log_dropped.clone()),
+            OutboundHooks::new(
+                &inner.name,
+                inner.outbound.clone(),
+                Arc::new(NoJobs),
+                inner.metrics.clone(),
+                false,
+            ),
         );
         let mut store = new_store(inner.pre.engine(), state, inner.fuel_enabled)?;
         refuel(&mut store, &inner.limits, inner.fuel_enabled)?;

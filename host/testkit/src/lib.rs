@@ -7,6 +7,8 @@
 //! - [`names`]: [`unique`] names, so tests on one server never see each
 //!   other's keys, and the leak check [`assert_no_keys`].
 //! - [`plugins`]: paths to the components `scripts/build-plugins` built.
+//! - [`http`]: [`HttpServer`], a loopback HTTP server that counts requests,
+//!   for plugins' outgoing requests.
 //! - [`logs`]: [`logs::capture`], log lines with their span fields, for
 //!   tests that check what was logged.
 //! - [`init_tracing`]: log output for tests, filtered by `RUST_LOG`.
@@ -26,12 +28,14 @@
 //! the most useful report.
 #![warn(missing_docs)]
 
+pub mod http;
 pub mod logs;
 pub mod names;
 pub mod plugins;
 pub mod pools;
 pub mod server;
 
+pub use http::HttpServer;
 pub use names::{assert_no_keys, keys_under, unique};
 pub use pools::slot_table;
 pub use server::{RedisServer, connect, shared_redis_url};

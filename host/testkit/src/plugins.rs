@@ -10,6 +10,9 @@ use std::path::PathBuf;
 pub const ECHO: &str = "echo";
 /// `counter`: a timer-driven job that saves its count (an example plugin).
 pub const COUNTER: &str = "counter";
+/// `fetcher`: polls an HTTP endpoint per job and emits what changed (an
+/// example plugin).
+pub const FETCHER: &str = "fetcher";
 /// `trap`: traps, or returns each kind of error, on demand.
 pub const TRAP: &str = "trap";
 /// `spin`: loops forever on demand.
@@ -26,7 +29,7 @@ pub const WRONG_WORLD: &str = "wrong_world";
 pub const KEEPER: &str = "keeper";
 
 /// Every plugin the build produces.
-pub const ALL: &[&str] = &[ECHO, COUNTER, TRAP, SPIN, HOG, SLOW, HOSTILE, WRONG_WORLD, KEEPER];
+pub const ALL: &[&str] = &[ECHO, COUNTER, FETCHER, TRAP, SPIN, HOG, SLOW, HOSTILE, WRONG_WORLD, KEEPER];
 
 /// Where the built plugins are: `PULSE_PLUGIN_DIR` when set, otherwise
 /// `plugins/target/wasm32-wasip2/release` of this repository.

@@ -1,6 +1,6 @@
 //! `check` (and `run`) refuse what cannot work, saying exactly what and where.
 
-use pulse_testkit::plugins::{ECHO, WRONG_WORLD};
+use pulse_testkit::plugins::{ECHO, FETCHER, WRONG_WORLD};
 
 use crate::{binary, cli, write_config};
 
@@ -66,4 +66,25 @@ fn a_core_module_and_a_component_of_another_world_are_refused() {
     assert_eq!(output.status.code(), Some(1), "run refuses too");
     assert!(err.contains("plugin \"greeter\" does not implement the `pulse:job/job-handler` world"), "{err}");
     assert!(err.contains("pulse:job/handler"), "names what is missing: {err}");
+}
+
+#[test]
+fn an_allowed_outbound_host_that_is_not_one_is_refused_naming_it_and_what_is_allowed() {
+    let dir = tempfile::tempdir().unwrap();
+    let extra = "allowed_outbound_hosts = [\"https://api.example.com\", \"api.example.com:443\"]";
+    let config = write_config(dir.path(), &[("fetcher", FETCHER, extra)], "");
+    let output =
+        std::process::Command::new(binary()).arg("--config").arg(&config).arg("check").output().unwrap();
+    let out = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{out}");
+    assert!(
+        out.contains("plugin \"fetcher\": allowed_outbound_hosts")
+            && out.contains("\"api.example.com:443\" has no http:// or https:// scheme")
+            && out.contains("allowed are"),
+        "{out}"
+    );
+    let fine = "allowed_outbound_hosts = [\"https://api.example.com\", \"http://127.0.0.1:8080\", \"https://*.example.com:*\"]";
+    let config = write_config(dir.path(), &[("fetcher", FETCHER, fine)], "");
+    let (code, out) = cli(&config, None, &["check"]);
+    assert_eq!(code, 0, "{out}");
 }

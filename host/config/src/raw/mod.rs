@@ -119,6 +119,8 @@ struct Plugin {
     isolation: Option<Spanned<String>>,
     max_concurrent_calls: Option<Spanned<u64>>,
     #[serde(default)]
+    allowed_outbound_hosts: Vec<String>,
+    #[serde(default)]
     limits: PluginLimits,
     #[serde(default)]
     settings: BTreeMap<String, String>,
@@ -131,6 +133,8 @@ struct Schedule {
     path: Spanned<String>,
     pool: Spanned<String>,
     interval: Spanned<String>,
+    #[serde(default)]
+    allowed_outbound_hosts: Vec<String>,
     #[serde(default)]
     limits: PluginLimits,
     #[serde(default)]
@@ -264,6 +268,7 @@ impl File {
                     32,
                     MAX_CONCURRENT_CALLS,
                 ) as usize,
+                allowed_outbound_hosts: plugin.allowed_outbound_hosts,
                 limits,
                 settings: plugin.settings,
             });
@@ -291,6 +296,7 @@ impl File {
                 path,
                 pool,
                 interval,
+                allowed_outbound_hosts: schedule.allowed_outbound_hosts,
                 limits,
                 settings: schedule.settings,
             });

@@ -1,8 +1,8 @@
 //! The data every store carries, and the host functions it serves.
 //!
 //! # Layout
-//! - this file: [`HostState`]: WASI context, limits, the jobs the instance
-//!   runs (what makes a request "owned"), their timers.
+//! - this file: [`HostState`]: WASI and wasi:http contexts, limits, the
+//!   jobs the instance runs (what makes a request "owned"), their timers.
 //! - `imports`: the `host` interface of the WIT contract.
 //! - `stdio`: guest stdout and stderr into the log.
 
@@ -17,11 +17,13 @@ use tokio::sync::mpsc::WeakSender;
 use tokio::task::AbortHandle;
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use crate::actor::Command;
 use crate::bounds::LogGate;
 use crate::job::Job;
 use crate::limits::Limiter;
+use crate::outbound::OutboundHooks;
 use crate::outputs::JobOutputs;
 
 /// What a store holds besides the guest.
@@ -42,6 +44,9 @@ pub(crate) struct HostState {
     next_generation: u64,
     /// What the jobs of this instance may still log.
     pub(crate) log_gate: Arc<LogGate>,
+    http: WasiHttpCtx,
+    /// How its outgoing HTTP requests are checked and sent.
+    pub(crate) http_hooks: OutboundHooks,
 }
 
 /// A job running in an instance.
@@ -93,6 +98,7 @@ impl HostState {
         outputs: Arc<dyn JobOutputs>,
         commands: WeakSender<Command>,
         log_gate: Arc<LogGate>,
+        http_hooks: OutboundHooks,
     ) -> Self {
         // No preopened folders, environment, arguments or network: clocks,
         // random numbers and the captured stdio are all a plugin gets.
@@ -114,6 +120,8 @@ impl HostState {
             commands,
             next_generation: 0,
             log_gate,
+            http: WasiHttpCtx::new(),
+            http_hooks,
         }
     }
 
@@ -148,5 +156,11 @@ impl HostState {
 impl WasiView for HostState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
         WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
+    }
+}
+
+impl WasiHttpView for HostState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView { ctx: &mut self.http, table: &mut self.table, hooks: &mut self.http_hooks }
     }
 }

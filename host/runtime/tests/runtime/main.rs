@@ -5,6 +5,7 @@
 //! - `failures`: traps, endless loops, unbounded allocation, guest errors.
 //! - `load`: components refused at load, configuration refused.
 //! - `capacity`: a thousand live instances and what they cost.
+//! - `outbound`: outgoing HTTP: allow-lists, limits, the fence.
 //! - `producers`: job producers and their plans.
 #![allow(clippy::unwrap_used, reason = "tests and their helpers: a panic is the failure report")]
 
@@ -12,6 +13,7 @@ mod calls;
 mod capacity;
 mod failures;
 mod load;
+mod outbound;
 mod producers;
 
 use std::collections::BTreeMap;
@@ -38,6 +40,7 @@ pub fn options(isolation: Isolation, settings: &[(&str, &str)]) -> PluginOptions
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect::<BTreeMap<_, _>>(),
         isolation,
+        ..PluginOptions::default()
     }
 }
 

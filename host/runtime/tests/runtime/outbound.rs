@@ -1,0 +1,154 @@
+//! Outgoing HTTP of plugins (`fetcher`), against a server on loopback:
+//! allowed destinations reached, others denied before anything is sent,
+//! limits, the fence, and state that keeps a moved job from emitting an
+//! unchanged body again.
+
+use std::time::Duration;
+
+use pulse_runtime::{AllowedHost, CallError, Isolation, Job, Outbound, PluginOptions};
+use pulse_testkit::HttpServer;
+use pulse_testkit::plugins::FETCHER;
+
+use crate::{PATIENCE, load, options, runner, runtime};
+
+/// Options of `fetcher` allowing `allowed`, with `outbound`'s limits.
+fn allowing(allowed: &[String], outbound: Outbound) -> PluginOptions {
+    let allowed = allowed.iter().map(|entry| entry.parse::<AllowedHost>().unwrap()).collect();
+    PluginOptions { outbound: Outbound { allowed, ..outbound }, ..options(Isolation::Job, &[]) }
+}
+
+/// A job polling `url` once an hour (so only its start and explicit
+/// notifications poll).
+fn job(key: &str, url: &str) -> Job {
+    Job::new(key, format!("{url} 3600000"))
+}
+
+fn texts(events: &[Vec<u8>]) -> Vec<String> {
+    events.iter().map(|event| String::from_utf8_lossy(event).into_owned()).collect()
+}
+
+#[tokio::test]
+async fn an_allowed_get_is_sent_and_its_body_emitted_once_until_it_changes() {
+    let server = HttpServer::start();
+    server.set("/status", b"all good");
+    let runtime = runtime();
+    let plugin =
+        load(&runtime, FETCHER, allowing(&[format!("http://{}", server.address())], Outbound::default()));
+    let (runner, recorder) = runner(&plugin);
+    runner.start(job("status", &server.url("/status"))).await.unwrap();
+    assert_eq!(recorder.emitted("status"), vec![b"200 all good".to_vec()]);
+    // Unchanged: asked with its ETag, answered 304, nothing emitted.
+    runner.notify("status", Vec::new()).await.unwrap();
+    let received = server.received();
+    assert_eq!(received.len(), 2, "{received:?}");
+    assert!(received[1].headers.iter().any(|(name, _)| name == "if-none-match"), "{received:?}");
+    assert_eq!(
+        received[0].headers.iter().find(|(n, _)| n == "host").map(|(_, v)| v.clone()),
+        Some(server.address().to_string())
+    );
+    server.set("/status", b"degraded");
+    runner.notify("status", Vec::new()).await.unwrap();
+    assert_eq!(recorder.emitted("status"), vec![b"200 all good".to_vec(), b"200 degraded".to_vec()]);
+    // A move: the job starts again elsewhere with the state it saved, and
+    // does not emit the unchanged body again.
+    let saved = recorder.saved_state("status").unwrap();
+    runner.stop("status").await.unwrap();
+    let (moved, moved_recorder) = crate::runner(&plugin);
+    let again = Job { requeued: true, state: Some(saved), ..job("status", &server.url("/status")) };
+    moved.start(again).await.unwrap();
+    assert_eq!(server.count("/status"), 4, "the moved job polls at once");
+    assert_eq!(
+        moved_recorder.emitted("status"),
+        Vec::<Vec<u8>>::new(),
+        "the moved job emitted the same body again"
+    );
+}
+
+#[tokio::test]
+async fn a_host_port_or_scheme_not_listed_is_denied_before_anything_is_sent() {
+    let server = HttpServer::start();
+    server.set("/x", b"x");
+    let other = HttpServer::start();
+    other.set("/x", b"x");
+    let port = server.address().port();
+    let runtime = runtime();
+    let plugin =
+        load(&runtime, FETCHER, allowing(&[format!("http://127.0.0.1:{port}")], Outbound::default()));
+    let (runner, recorder) = runner(&plugin);
+    let denied = [
+        ("host", format!("http://localhost:{port}/x")),
+        ("port", other.url("/x")),
+        ("scheme", format!("https://127.0.0.1:{port}/x")),
+    ];
+    for (key, url) in &denied {
+        runner.start(job(key, url)).await.unwrap();
+        let emitted = texts(&recorder.emitted(key));
+        assert!(
+            matches!(emitted.as_slice(), [event] if event.starts_with("error ") && event.contains("HttpRequestDenied")),
+            "{key}: {url}: {emitted:?}"
+        );
+    }
+    runner.start(job("listed", &server.url("/x"))).await.unwrap();
+    assert_eq!(recorder.emitted("listed"), vec![b"200 x".to_vec()]);
+    assert_eq!(server.received().len(), 1, "only the listed request reached the server");
+    assert_eq!(other.received().len(), 0, "a request reached a port not listed");
+}
+
+#[tokio::test]
+async fn a_slow_server_meets_the_timeout_and_a_big_body_the_size_limit() {
+    let server = HttpServer::start();
+    let runtime = runtime();
+    let limits = Outbound {
+        first_byte_timeout: Duration::from_millis(300),
+        max_response_bytes: 1024,
+        ..Outbound::default()
+    };
+    let plugin = load(&runtime, FETCHER, allowing(&[format!("http://{}", server.address())], limits));
+    let (runner, recorder) = runner(&plugin);
+    runner.start(job("slow", &server.url("/slow/3000"))).await.unwrap();
+    let emitted = texts(&recorder.emitted("slow"));
+    assert!(
+        matches!(emitted.as_slice(), [event] if event.starts_with("error ") && event.contains("imeout")),
+        "{emitted:?}"
+    );
+    runner.start(job("small", &server.url("/big/1024"))).await.unwrap();
+    assert_eq!(recorder.emitted("small").first().map(Vec::len), Some(4 + 1024));
+    runner.start(job("big", &server.url("/big/65536"))).await.unwrap();
+    let emitted = texts(&recorder.emitted("big"));
+    assert!(
+        matches!(emitted.as_slice(), [event] if event.starts_with("error ") && event.contains("body size") && event.contains("1024")),
+        "{emitted:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_fenced_job_sends_nothing_and_its_request_in_flight_is_cancelled() {
+    let server = HttpServer::start();
+    server.set("/x", b"x");
+    let runtime = runtime();
+    let plugin =
+        load(&runtime, FETCHER, allowing(&[format!("http://{}", server.address())], Outbound::default()));
+    let (runner, recorder) = runner(&plugin);
+    runner.start(job("fenced", &server.url("/x"))).await.unwrap();
+    assert_eq!(server.count("/x"), 1);
+    recorder.fence("fenced");
+    let _ = runner.notify("fenced", Vec::new()).await;
+    assert_eq!(server.count("/x"), 1, "a fenced job sent a request");
+    // In flight when the fence falls: cancelled. The call returns with
+    // the fetcher's own error (its emit is refused too), not the call
+    // timeout (10 s), long before the server would answer (60 s).
+    let url = server.url("/slow/60000");
+    let fence = async {
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        while server.count("/slow/60000") == 0 {
+            assert!(tokio::time::Instant::now() < deadline, "the request never reached the server");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        recorder.fence("in-flight");
+    };
+    let (started, ()) = tokio::join!(runner.start(job("in-flight", &url)), fence);
+    assert!(
+        !matches!(started, Err(CallError::Timeout(_))),
+        "the request went on after the fence fell: {started:?}"
+    );
+}
