@@ -38,7 +38,7 @@ pub fn load(config: &Config) -> anyhow::Result<Loaded> {
                 Isolation::Job => pulse_runtime::Isolation::Job,
                 Isolation::Worker => pulse_runtime::Isolation::Worker,
             },
-            outbound: outbound("plugin", &plugin.name, &plugin.allowed_outbound_hosts)?,
+            outbound: outbound("plugin", &plugin.name, &plugin.allowed_outbound_hosts, &plugin.limits)?,
         };
         plugins.push(runtime.load_file(&plugin.name, &plugin.path, options)?);
     }
@@ -47,7 +47,12 @@ pub fn load(config: &Config) -> anyhow::Result<Loaded> {
         let options = ProducerOptions {
             limits: limits(&schedule.limits),
             settings: schedule.settings.clone(),
-            outbound: outbound("schedule", &schedule.name, &schedule.allowed_outbound_hosts)?,
+            outbound: outbound(
+                "schedule",
+                &schedule.name,
+                &schedule.allowed_outbound_hosts,
+                &schedule.limits,
+            )?,
         };
         producers.push(runtime.load_producer_file(&schedule.name, &schedule.path, options)?);
     }
@@ -55,14 +60,25 @@ pub fn load(config: &Config) -> anyhow::Result<Loaded> {
 }
 
 /// What a plugin or producer may reach over HTTP: its
-/// `allowed_outbound_hosts`, each entry checked.
-fn outbound(what: &str, name: &str, allowed: &[String]) -> anyhow::Result<pulse_runtime::Outbound> {
+/// `allowed_outbound_hosts`, each entry checked, and its `http_` limits.
+fn outbound(
+    what: &str,
+    name: &str,
+    allowed: &[String],
+    limits: &pulse_config::Limits,
+) -> anyhow::Result<pulse_runtime::Outbound> {
     let allowed = allowed
         .iter()
         .map(|entry| entry.parse())
         .collect::<Result<_, pulse_runtime::AllowedHostError>>()
         .with_context(|| format!("{what} {name:?}: allowed_outbound_hosts"))?;
-    Ok(pulse_runtime::Outbound { allowed, ..pulse_runtime::Outbound::default() })
+    Ok(pulse_runtime::Outbound {
+        allowed,
+        connect_timeout: limits.http_connect_timeout,
+        first_byte_timeout: limits.http_first_byte_timeout,
+        max_response_bytes: limits.http_response_bytes,
+        max_requests: limits.http_requests,
+    })
 }
 
 /// The runtime's configuration from `[runtime]`.
@@ -391,6 +407,12 @@ mod tests {
                 config.plugins[0].max_concurrent_calls,
                 WorkerOptions::default().max_concurrent_calls,
                 "{what}: max_concurrent_calls differs from the pool's default"
+            );
+            let plugin = &config.plugins[0];
+            assert_eq!(
+                outbound("plugin", "p", &[], &plugin.limits).unwrap(),
+                pulse_runtime::Outbound::default(),
+                "{what}: the http_ limits of [plugin.limits] differ from the runtime's defaults"
             );
             let (limits, defaults) = (limits(&config.plugins[0].limits), Limits::default());
             assert_eq!(

@@ -187,6 +187,14 @@ pub struct Limits {
     /// `instances`: the instances of this plugin live at once on this
     /// host, at most (its share of `runtime.max_instances`).
     pub instances: u32,
+    /// `http_connect_timeout`.
+    pub http_connect_timeout: Duration,
+    /// `http_first_byte_timeout` (also between two parts of a body).
+    pub http_first_byte_timeout: Duration,
+    /// `http_response_bytes`.
+    pub http_response_bytes: u64,
+    /// `http_requests` in flight per instance.
+    pub http_requests: u32,
 }
 
 /// A configuration that could not be loaded: every problem, each with its

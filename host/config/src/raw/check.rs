@@ -100,6 +100,26 @@ impl Check<'_> {
             fuel: limits.fuel.as_ref().map(|fuel| self.count("limits.fuel", Some(fuel), 1, FUEL)),
             // Shared out once every plugin is read (`share_instances`).
             instances: 0,
+            http_connect_timeout: self.duration(
+                "limits.http_connect_timeout",
+                limits.http_connect_timeout.as_ref(),
+                secs(5),
+                HTTP_TIMEOUT_LIMIT,
+            ),
+            http_first_byte_timeout: self.duration(
+                "limits.http_first_byte_timeout",
+                limits.http_first_byte_timeout.as_ref(),
+                secs(10),
+                HTTP_TIMEOUT_LIMIT,
+            ),
+            http_response_bytes: self.size(
+                "limits.http_response_bytes",
+                limits.http_response_bytes.as_ref(),
+                4 << 20,
+                HTTP_RESPONSE_BYTES,
+            ),
+            http_requests: self.count("limits.http_requests", limits.http_requests.as_ref(), 8, HTTP_REQUESTS)
+                as u32,
         };
         if checked.memory > runtime.max_memory_per_instance
             && let Some(memory) = &limits.memory

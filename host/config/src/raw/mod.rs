@@ -38,6 +38,9 @@ const MAX_INSTANCES: RangeInclusive<u64> = 1..=100_000;
 const MEMORY: RangeInclusive<u64> = (64 << 10)..=(4 << 30);
 const CALL_TIMEOUT: RangeInclusive<Duration> = millis(1)..=secs(3600);
 const FUEL: RangeInclusive<u64> = 1..=(1 << 60);
+const HTTP_TIMEOUT_LIMIT: RangeInclusive<Duration> = millis(1)..=secs(3600);
+const HTTP_RESPONSE_BYTES: RangeInclusive<u64> = 1..=(1 << 30);
+const HTTP_REQUESTS: RangeInclusive<u64> = 1..=1000;
 // 0: this host runs none of the pool's jobs; it dispatches into it (its API
 // answers for it) while other hosts run them.
 const WORKERS: RangeInclusive<u64> = 0..=1000;
@@ -148,6 +151,10 @@ struct PluginLimits {
     call_timeout: Option<Spanned<String>>,
     fuel: Option<Spanned<u64>>,
     instances: Option<Spanned<u64>>,
+    http_connect_timeout: Option<Spanned<String>>,
+    http_first_byte_timeout: Option<Spanned<String>>,
+    http_response_bytes: Option<Spanned<String>>,
+    http_requests: Option<Spanned<u64>>,
 }
 
 impl File {
