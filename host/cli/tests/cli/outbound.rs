@@ -1,0 +1,97 @@
+//! Plugins calling HTTP in a running pool: the `fetcher` example against a
+//! server on loopback, across a host killed with SIGKILL.
+
+use std::collections::HashMap;
+
+use pulse_testkit::plugins::FETCHER;
+use pulse_testkit::{HttpServer, RedisServer};
+
+use crate::{Host, cli, eventually, wait_for_workers, write_config};
+
+const JOBS: usize = 20;
+
+/// Each job's emitted payloads, from `events --json`, in order.
+fn emitted(config: &std::path::Path, redis: Option<&str>) -> HashMap<String, Vec<String>> {
+    let (code, out) = cli(config, redis, &["events", "--pool", "fetcher", "--json"]);
+    assert_eq!(code, 0, "{out}");
+    let mut by_job: HashMap<String, Vec<String>> = HashMap::new();
+    for line in out.lines() {
+        let event: serde_json::Value = serde_json::from_str(line).unwrap();
+        let key = event["key"].as_str().unwrap().to_owned();
+        by_job.entry(key).or_default().push(event["payload"].as_str().unwrap_or_default().to_owned());
+    }
+    by_job
+}
+
+/// Each job's worker, from `jobs --json`.
+fn workers(config: &std::path::Path, redis: Option<&str>) -> HashMap<String, String> {
+    let (code, out) = cli(config, redis, &["jobs", "--pool", "fetcher", "--json"]);
+    assert_eq!(code, 0, "{out}");
+    let jobs: serde_json::Value = serde_json::from_str(&out).unwrap();
+    jobs.as_array()
+        .unwrap()
+        .iter()
+        .map(|job| (job["key"].as_str().unwrap().to_owned(), job["worker"].as_str().unwrap_or("").to_owned()))
+        .collect()
+}
+
+#[test]
+fn fetcher_jobs_moved_by_kill_9_poll_on_without_emitting_an_unchanged_body_again() {
+    let endpoints = HttpServer::start();
+    for i in 0..JOBS {
+        endpoints.set(&format!("/e{i}"), format!("body {i}").as_bytes());
+    }
+    let server = RedisServer::start();
+    let redis = Some(server.url());
+    let dir = tempfile::tempdir().unwrap();
+    let plugin = format!("allowed_outbound_hosts = [\"http://{}\"]", endpoints.address());
+    let config = write_config(dir.path(), &[("fetcher", FETCHER, &plugin)], "[node]\nlease_ttl = \"1s\"\n");
+    let doomed = Host::start(&config, redis);
+    wait_for_workers(&config, redis, "fetcher", 1);
+    let survivor = Host::start(&config, redis);
+    wait_for_workers(&config, redis, "fetcher", 2);
+    for i in 0..JOBS {
+        // Polled every 100 ms.
+        let payload = format!("{} 100", endpoints.url(&format!("/e{i}")));
+        let (code, out) =
+            cli(&config, redis, &["dispatch", "--pool", "fetcher", &format!("e{i}"), "--payload", &payload]);
+        assert_eq!((code, out.as_str()), (0, "started"), "e{i}");
+    }
+    let first = cli(&config, redis, &["workers", "--pool", "fetcher", "--json"]).1;
+    let first: serde_json::Value = serde_json::from_str(&first).unwrap();
+    let doomed_worker = first[0]["id"].as_str().unwrap().to_owned();
+    let before = workers(&config, redis);
+    let moved: Vec<String> =
+        before.iter().filter(|(_, w)| **w == doomed_worker).map(|(k, _)| k.clone()).collect();
+    assert!(!moved.is_empty() && moved.len() < JOBS, "jobs spread over both hosts: {before:?}");
+    eventually("every job emitted its body", || emitted(&config, redis).len() == JOBS);
+
+    drop(doomed); // SIGKILL
+    eventually("every job runs on the surviving host", || {
+        let now = workers(&config, redis);
+        now.len() == JOBS && now.values().all(|w| !w.is_empty() && *w != doomed_worker)
+    });
+    // Polling goes on where they run now: a few more requests each.
+    let counted: HashMap<String, usize> =
+        moved.iter().map(|key| (key.clone(), endpoints.count(&format!("/{key}")))).collect();
+    eventually("the moved jobs poll again", || {
+        moved.iter().all(|key| endpoints.count(&format!("/{key}")) >= counted[key] + 3)
+    });
+    let events = emitted(&config, redis);
+    for i in 0..JOBS {
+        assert_eq!(
+            events[&format!("e{i}")],
+            vec![format!("200 body {i}")],
+            "e{i} emitted an unchanged body again"
+        );
+    }
+    // And a change is still seen, once.
+    let changed = &moved[0];
+    endpoints.set(&format!("/{changed}"), b"changed");
+    eventually("the change is emitted", || emitted(&config, redis)[changed].len() == 2);
+    assert_eq!(emitted(&config, redis)[changed][1], "200 changed");
+
+    let (code, out) = cli(&config, redis, &["shutdown", "--pool", "fetcher"]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(survivor.wait("the shutdown of its only pool"), 0);
+}
