@@ -6,7 +6,8 @@
 //!   `interval-ms` from the settings, else 10,000): `https://api.example.com/status 5000`.
 //! - `start` polls at once, then every interval (a repeating timer).
 //! - A poll sends `GET` (with `If-None-Match` when the last answer had an
-//!   `ETag`). An answer whose body hashes differently from the last one
+//!   `ETag`, and `X-Fetcher-Run`: a random id of this run of the job, new
+//!   at each start, so an endpoint can tell runs apart). An answer whose body hashes differently from the last one
 //!   emitted is emitted (`<status> <body>`); the hash and the `ETag` are
 //!   saved as the job's state, so a job that moves to another host does not
 //!   emit the same body again. A failed request emits `error <reason>`
@@ -48,10 +49,11 @@ impl Seen {
     }
 }
 
-/// The endpoint of a job, from its payload.
+/// The endpoint of a job, from its payload, and this run's id.
 struct Endpoint {
     url: String,
     interval_ms: u64,
+    run: String,
 }
 
 impl Endpoint {
@@ -73,7 +75,8 @@ impl Endpoint {
             })?,
             None => default,
         };
-        Ok(Self { url: url.to_owned(), interval_ms })
+        let run = format!("{:016x}", wasi::random::random::get_random_u64());
+        Ok(Self { url: url.to_owned(), interval_ms, run })
     }
 }
 
@@ -111,12 +114,14 @@ impl Guest for Fetcher {
 
 /// Polls job `key`'s endpoint; emits and saves what changed.
 fn poll(key: &str) -> Result<(), JobError> {
-    let Some((url, etag)) = JOBS.with(|jobs| {
-        jobs.borrow().get(key).map(|(endpoint, seen)| (endpoint.url.clone(), seen.etag.clone()))
+    let Some((url, run, etag)) = JOBS.with(|jobs| {
+        jobs.borrow()
+            .get(key)
+            .map(|(endpoint, seen)| (endpoint.url.clone(), endpoint.run.clone(), seen.etag.clone()))
     }) else {
         return Err(JobError::Fatal(format!("{key:?} is not a job of this instance")));
     };
-    let (seen, event) = match get(&url, &etag) {
+    let (seen, event) = match get(&url, &run, &etag) {
         Ok(Answer { status: 304, .. }) => return Ok(()),
         Ok(Answer { status, etag, body }) => {
             let seen = Seen { hash: format!("{:016x}", fnv1a(&body)), etag };
@@ -152,14 +157,16 @@ struct Answer {
     body: Vec<u8>,
 }
 
-/// `GET url`, with `If-None-Match: etag` unless it is empty.
-fn get(url: &str, etag: &str) -> Result<Answer, String> {
+/// `GET url` from run `run`, with `If-None-Match: etag` unless it is
+/// empty.
+fn get(url: &str, run: &str, etag: &str) -> Result<Answer, String> {
     let (scheme, rest) = match url.strip_prefix("https://") {
         Some(rest) => (Scheme::Https, rest),
         None => (Scheme::Http, url.strip_prefix("http://").unwrap_or(url)),
     };
     let (authority, path) = rest.find('/').map_or((rest, "/"), |at| rest.split_at(at));
     let headers = Fields::new();
+    headers.append("x-fetcher-run", run.as_bytes()).map_err(|e| format!("{e:?}"))?;
     if !etag.is_empty() {
         headers.append("if-none-match", etag.as_bytes()).map_err(|e| format!("{e:?}"))?;
     }

@@ -95,3 +95,77 @@ fn fetcher_jobs_moved_by_kill_9_poll_on_without_emitting_an_unchanged_body_again
     assert_eq!(code, 0, "{out}");
     assert_eq!(survivor.wait("the shutdown of its only pool"), 0);
 }
+
+/// The `X-Fetcher-Run` of a request.
+fn run_of(request: &pulse_testkit::http::Received) -> String {
+    request
+        .headers
+        .iter()
+        .find(|(name, _)| name == "x-fetcher-run")
+        .map(|(_, v)| v.clone())
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_host_frozen_beyond_its_lease_sends_no_request_for_the_jobs_it_lost_once_resumed() {
+    let endpoints = HttpServer::start();
+    for i in 0..JOBS {
+        endpoints.set(&format!("/e{i}"), format!("body {i}").as_bytes());
+    }
+    let server = RedisServer::start();
+    let redis = Some(server.url());
+    let dir = tempfile::tempdir().unwrap();
+    let plugin = format!("allowed_outbound_hosts = [\"http://{}\"]", endpoints.address());
+    let config = write_config(dir.path(), &[("fetcher", FETCHER, &plugin)], "[node]\nlease_ttl = \"1s\"\n");
+    let frozen = Host::start(&config, redis);
+    wait_for_workers(&config, redis, "fetcher", 1);
+    let survivor = Host::start(&config, redis);
+    wait_for_workers(&config, redis, "fetcher", 2);
+    for i in 0..JOBS {
+        let payload = format!("{} 100", endpoints.url(&format!("/e{i}")));
+        let (code, out) =
+            cli(&config, redis, &["dispatch", "--pool", "fetcher", &format!("e{i}"), "--payload", &payload]);
+        assert_eq!((code, out.as_str()), (0, "started"), "e{i}");
+    }
+    let first = cli(&config, redis, &["workers", "--pool", "fetcher", "--json"]).1;
+    let first: serde_json::Value = serde_json::from_str(&first).unwrap();
+    let frozen_worker = first[0]["id"].as_str().unwrap().to_owned();
+    let lost: Vec<String> =
+        workers(&config, redis).into_iter().filter(|(_, w)| *w == frozen_worker).map(|(k, _)| k).collect();
+    assert!(!lost.is_empty() && lost.len() < JOBS, "jobs spread over both hosts");
+    eventually("every job polled twice", || (0..JOBS).all(|i| endpoints.count(&format!("/e{i}")) >= 2));
+    // The runs of the jobs the frozen host holds, as the endpoints saw them.
+    let paths: Vec<String> = lost.iter().map(|key| format!("/{key}")).collect();
+    let stale: std::collections::HashSet<String> =
+        endpoints.received().iter().filter(|r| paths.contains(&r.path)).map(run_of).collect();
+
+    let pid = frozen.child.id().to_string();
+    std::process::Command::new("kill").args(["-STOP", &pid]).status().unwrap();
+    eventually("the frozen host's jobs run on the other host and poll there", || {
+        let now = workers(&config, redis);
+        let moved = now.len() == JOBS && now.values().all(|w| !w.is_empty() && *w != frozen_worker);
+        let received = endpoints.received();
+        moved
+            && paths
+                .iter()
+                .all(|path| received.iter().any(|r| r.path == *path && !stale.contains(&run_of(r))))
+    });
+    let resumed_at = endpoints.received().len();
+    std::process::Command::new("kill").args(["-CONT", &pid]).status().unwrap();
+    // Long enough for the resumed host's overdue timers (every 100 ms) to
+    // have fired many times: it rejoins and takes jobs again, each polled
+    // three more times.
+    wait_for_workers(&config, redis, "fetcher", 2);
+    let counted: Vec<usize> = paths.iter().map(|path| endpoints.count(path)).collect();
+    eventually("every lost job polled three more times", || {
+        paths.iter().zip(&counted).all(|(path, before)| endpoints.count(path) >= before + 3)
+    });
+    let after: Vec<_> =
+        endpoints.received().into_iter().skip(resumed_at).filter(|r| stale.contains(&run_of(r))).collect();
+    assert!(after.is_empty(), "the resumed host sent requests for jobs it had lost: {after:?}");
+
+    let (code, out) = cli(&config, redis, &["shutdown", "--pool", "fetcher"]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(survivor.wait("the shutdown of its only pool"), 0);
+    drop(frozen);
+}
