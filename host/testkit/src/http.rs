@@ -3,11 +3,12 @@
 //! its own (`Connection: close`) and counts what it received per path.
 //!
 //! Paths: `/slow/MS` answers after MS milliseconds; `/big/N` answers N
-//! bytes; any other path answers the body set with [`HttpServer::set`]
-//! (404 when none), with an `ETag` (304 to a matching `If-None-Match`).
+//! bytes; `/echo` answers the request's body; any other path answers the
+//! body set with [`HttpServer::set`] (404 when none), with an `ETag` (304
+//! to a matching `If-None-Match`).
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -21,6 +22,8 @@ pub struct Received {
     pub path: String,
     /// Header names (lower case) and values.
     pub headers: Vec<(String, String)>,
+    /// The body (as `Content-Length` gave it).
+    pub body: Vec<u8>,
 }
 
 #[derive(Debug, Default)]
@@ -104,9 +107,16 @@ fn serve(stream: TcpStream, state: &Mutex<State>) {
         }
     }
     let if_none_match = headers.iter().find(|(name, _)| name == "if-none-match").map(|(_, v)| v.clone());
+    let length = headers.iter().find(|(name, _)| name == "content-length").and_then(|(_, v)| v.parse().ok());
+    let mut request_body = vec![0; length.unwrap_or(0)];
+    if reader.read_exact(&mut request_body).is_err() {
+        return;
+    }
     let body = lock(state).bodies.get(&path).cloned();
-    lock(state).received.push(Received { method, path: path.clone(), headers });
-    let (status, body, etag) = if let Some(ms) = path.strip_prefix("/slow/") {
+    lock(state).received.push(Received { method, path: path.clone(), headers, body: request_body.clone() });
+    let (status, body, etag) = if path == "/echo" {
+        ("200 OK", request_body, None)
+    } else if let Some(ms) = path.strip_prefix("/slow/") {
         std::thread::sleep(Duration::from_millis(ms.parse().unwrap_or(0)));
         ("200 OK", b"slow".to_vec(), None)
     } else if let Some(bytes) = path.strip_prefix("/big/") {

@@ -12,6 +12,10 @@
 //!   saved as the job's state, so a job that moves to another host does not
 //!   emit the same body again. A failed request emits `error <reason>`
 //!   once, until the next change.
+//! - A notification with an empty payload polls at once; one with a
+//!   payload is sent to the endpoint as the body of a `POST`
+//!   (`Content-Type: application/octet-stream`), and the answer emitted
+//!   as `<status> <body>`.
 //! - The host sends a request only to what `allowed_outbound_hosts` lists
 //!   for the plugin, and only while the job runs here.
 
@@ -21,7 +25,7 @@ use exports::pulse::job::handler::Guest;
 use pulse::job::types::{Job, JobError, LogLevel};
 use pulse::job::{env, host};
 use wasi::http::outgoing_handler;
-use wasi::http::types::{Fields, IncomingBody, Method, OutgoingRequest, Scheme};
+use wasi::http::types::{Fields, IncomingBody, Method, OutgoingBody, OutgoingRequest, Scheme};
 use wasi::io::streams::StreamError;
 
 struct Fetcher;
@@ -102,9 +106,20 @@ impl Guest for Fetcher {
         Ok(())
     }
 
-    fn notify(key: String, _payload: Vec<u8>) -> Result<(), JobError> {
-        // Any notification asks for a poll now.
-        poll(&key)
+    fn notify(key: String, payload: Vec<u8>) -> Result<(), JobError> {
+        if payload.is_empty() {
+            return poll(&key);
+        }
+        let Some((url, run)) = JOBS.with(|jobs| {
+            jobs.borrow().get(&key).map(|(endpoint, _)| (endpoint.url.clone(), endpoint.run.clone()))
+        }) else {
+            return Err(JobError::Fatal(format!("{key:?} is not a job of this instance")));
+        };
+        let event = match send(&url, &run, "", Some(&payload)) {
+            Ok(Answer { status, body, .. }) => [format!("{status} ").into_bytes(), body].concat(),
+            Err(reason) => format!("error {reason}").into_bytes(),
+        };
+        host::emit(&key, &event).map_err(|e| JobError::Retryable(format!("emit refused: {e:?}")))
     }
 
     fn on_timer(key: String, _name: String) -> Result<(), JobError> {
@@ -121,7 +136,7 @@ fn poll(key: &str) -> Result<(), JobError> {
     }) else {
         return Err(JobError::Fatal(format!("{key:?} is not a job of this instance")));
     };
-    let (seen, event) = match get(&url, &run, &etag) {
+    let (seen, event) = match send(&url, &run, &etag, None) {
         Ok(Answer { status: 304, .. }) => return Ok(()),
         Ok(Answer { status, etag, body }) => {
             let seen = Seen { hash: format!("{:016x}", fnv1a(&body)), etag };
@@ -158,8 +173,8 @@ struct Answer {
 }
 
 /// `GET url` from run `run`, with `If-None-Match: etag` unless it is
-/// empty.
-fn get(url: &str, run: &str, etag: &str) -> Result<Answer, String> {
+/// empty; or `POST url` with `body`.
+fn send(url: &str, run: &str, etag: &str, body: Option<&[u8]>) -> Result<Answer, String> {
     let (scheme, rest) = match url.strip_prefix("https://") {
         Some(rest) => (Scheme::Https, rest),
         None => (Scheme::Http, url.strip_prefix("http://").unwrap_or(url)),
@@ -170,15 +185,29 @@ fn get(url: &str, run: &str, etag: &str) -> Result<Answer, String> {
     if !etag.is_empty() {
         headers.append("if-none-match", etag.as_bytes()).map_err(|e| format!("{e:?}"))?;
     }
+    if let Some(body) = body {
+        headers.append("content-type", b"application/octet-stream").map_err(|e| format!("{e:?}"))?;
+        headers.append("content-length", body.len().to_string().as_bytes()).map_err(|e| format!("{e:?}"))?;
+    }
     let request = OutgoingRequest::new(headers);
-    let set = request.set_method(&Method::Get).is_ok()
+    let method = if body.is_some() { Method::Post } else { Method::Get };
+    let set = request.set_method(&method).is_ok()
         && request.set_scheme(Some(&scheme)).is_ok()
         && request.set_authority(Some(authority)).is_ok()
         && request.set_path_with_query(Some(path)).is_ok();
     if !set {
         return Err(format!("{url:?} is not a valid URL"));
     }
+    let outgoing = request.body().map_err(|()| "the request's body was taken already".to_owned())?;
     let pending = outgoing_handler::handle(request, None).map_err(|e| format!("{e:?}"))?;
+    if let Some(body) = body {
+        let stream = outgoing.write().map_err(|()| "the request's stream was taken already".to_owned())?;
+        for chunk in body.chunks(4096) {
+            stream.blocking_write_and_flush(chunk).map_err(|e| format!("{e:?}"))?;
+        }
+        drop(stream);
+    }
+    OutgoingBody::finish(outgoing, None).map_err(|e| format!("{e:?}"))?;
     pending.subscribe().block();
     let response = match pending.get() {
         Some(Ok(Ok(response))) => response,

@@ -65,6 +65,27 @@ async fn an_allowed_get_is_sent_and_its_body_emitted_once_until_it_changes() {
 }
 
 #[tokio::test]
+async fn a_post_carries_its_body_and_headers_and_its_answer_comes_back() {
+    let server = HttpServer::start();
+    server.set("/echo", b"");
+    let runtime = runtime();
+    let plugin =
+        load(&runtime, FETCHER, allowing(&[format!("http://{}", server.address())], Outbound::default()));
+    let (runner, recorder) = runner(&plugin);
+    runner.start(job("push", &server.url("/echo"))).await.unwrap();
+    let body: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+    runner.notify("push", body.clone()).await.unwrap();
+    let posted =
+        server.received().into_iter().find(|r| r.method == "POST").expect("a POST reached the server");
+    assert!(posted.body == body, "the request's body: {} bytes of {}", posted.body.len(), body.len());
+    let header = |name: &str| posted.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone());
+    assert_eq!(header("content-type").as_deref(), Some("application/octet-stream"));
+    assert_eq!(header("x-fetcher-run").map(|run| run.len()), Some(16), "{posted:?}");
+    let answer = recorder.emitted("push").last().cloned().unwrap_or_default();
+    assert!(answer == [b"200 ".as_slice(), &body].concat(), "the answer: {} bytes", answer.len());
+}
+
+#[tokio::test]
 async fn a_host_port_or_scheme_not_listed_is_denied_before_anything_is_sent() {
     let server = HttpServer::start();
     server.set("/x", b"x");
