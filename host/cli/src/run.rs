@@ -33,7 +33,7 @@ pub fn load(config: &Config) -> anyhow::Result<Loaded> {
     for plugin in &config.plugins {
         let options = PluginOptions {
             limits: limits(&plugin.limits),
-            settings: plugin.settings.clone(),
+            settings: settings(&plugin.settings),
             isolation: match plugin.isolation {
                 Isolation::Job => pulse_runtime::Isolation::Job,
                 Isolation::Worker => pulse_runtime::Isolation::Worker,
@@ -46,7 +46,7 @@ pub fn load(config: &Config) -> anyhow::Result<Loaded> {
     for schedule in &config.schedules {
         let options = ProducerOptions {
             limits: limits(&schedule.limits),
-            settings: schedule.settings.clone(),
+            settings: settings(&schedule.settings),
             outbound: outbound(
                 "schedule",
                 &schedule.name,
@@ -57,6 +57,13 @@ pub fn load(config: &Config) -> anyhow::Result<Loaded> {
         producers.push(runtime.load_producer_file(&schedule.name, &schedule.path, options)?);
     }
     Ok(Loaded { runtime, plugins, producers })
+}
+
+/// The values of a plugin's or producer's settings, as it reads them.
+fn settings(
+    settings: &std::collections::BTreeMap<String, pulse_config::Setting>,
+) -> std::collections::BTreeMap<String, String> {
+    settings.iter().map(|(name, value)| (name.clone(), value.value().to_owned())).collect()
 }
 
 /// What a plugin or producer may reach over HTTP: its

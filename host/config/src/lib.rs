@@ -120,6 +120,28 @@ pub struct RuntimeConfig {
     pub fuel: bool,
 }
 
+/// A value of `[plugin.settings]` or `[schedule.settings]`: written in the
+/// file, or read from the environment (`{ env = "NAME" }`) or a file
+/// (`{ file = "PATH" }`). Those read are secrets: `Debug` prints
+/// `[redacted]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Setting {
+    /// Written out in config.toml.
+    Plain(String),
+    /// Read from the environment or a file.
+    Secret(Secret),
+}
+
+impl Setting {
+    /// The value, for the plugin (never for a message).
+    pub fn value(&self) -> &str {
+        match self {
+            Setting::Plain(text) => text,
+            Setting::Secret(secret) => secret.expose(),
+        }
+    }
+}
+
 /// One `[[plugin]]`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PluginConfig {
@@ -142,7 +164,7 @@ pub struct PluginConfig {
     /// `[plugin.limits]`.
     pub limits: Limits,
     /// `[plugin.settings]`.
-    pub settings: BTreeMap<String, String>,
+    pub settings: BTreeMap<String, Setting>,
 }
 
 /// One `[[schedule]]`: a job producer asked for a plan every `interval`
@@ -163,7 +185,7 @@ pub struct ScheduleConfig {
     /// `[schedule.limits]` of each plan call.
     pub limits: Limits,
     /// `[schedule.settings]`.
-    pub settings: BTreeMap<String, String>,
+    pub settings: BTreeMap<String, Setting>,
 }
 
 /// `isolation`.

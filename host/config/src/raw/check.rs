@@ -173,6 +173,55 @@ impl Check<'_> {
         resolved
     }
 
+    /// A plugin's or schedule's settings, each written out or read from
+    /// the environment or a file (relative to `base`); one that cannot be
+    /// read is a problem naming it.
+    pub(super) fn settings(
+        &mut self,
+        base: &Path,
+        raw: std::collections::BTreeMap<String, Spanned<super::RawSetting>>,
+    ) -> std::collections::BTreeMap<String, crate::Setting> {
+        use super::RawSetting;
+        let mut settings = std::collections::BTreeMap::new();
+        for (name, value) in raw {
+            let setting = match value.get_ref() {
+                RawSetting::Text(text) => crate::Setting::Plain(text.clone()),
+                RawSetting::Env { env } => match std::env::var(env) {
+                    Ok(text) => crate::Setting::Secret(crate::Secret::new(text)),
+                    Err(_) => {
+                        self.problem(
+                            &value,
+                            format!("setting `{name}` = {{ env = {env:?} }}: the variable is not set (or not UTF-8)"),
+                        );
+                        continue;
+                    }
+                },
+                RawSetting::File { file } => {
+                    let path = base.join(file);
+                    match std::fs::read_to_string(&path) {
+                        // A file written by `echo` ends with a newline that
+                        // is not part of the value.
+                        Ok(text) => crate::Setting::Secret(crate::Secret::new(
+                            text.strip_suffix('\n').unwrap_or(&text).to_owned(),
+                        )),
+                        Err(error) => {
+                            self.problem(
+                                &value,
+                                format!(
+                                    "setting `{name}` = {{ file = {file:?} }}: cannot read {}: {error}",
+                                    path.display()
+                                ),
+                            );
+                            continue;
+                        }
+                    }
+                }
+            };
+            settings.insert(name, setting);
+        }
+        settings
+    }
+
     /// A pool, ticker or plugin name.
     pub(super) fn name(&mut self, what: &str, name: &Spanned<String>) -> bool {
         let valid = valid_name(name.get_ref());

@@ -126,7 +126,7 @@ struct Plugin {
     #[serde(default)]
     limits: PluginLimits,
     #[serde(default)]
-    settings: BTreeMap<String, String>,
+    settings: BTreeMap<String, Spanned<RawSetting>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -141,7 +141,17 @@ struct Schedule {
     #[serde(default)]
     limits: PluginLimits,
     #[serde(default)]
-    settings: BTreeMap<String, String>,
+    settings: BTreeMap<String, Spanned<RawSetting>>,
+}
+
+/// A setting's value: written out, or read from an environment variable
+/// or a file (a secret: never printed).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum RawSetting {
+    Text(String),
+    Env { env: String },
+    File { file: String },
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -277,7 +287,7 @@ impl File {
                 ) as usize,
                 allowed_outbound_hosts: plugin.allowed_outbound_hosts,
                 limits,
-                settings: plugin.settings,
+                settings: check.settings(base, plugin.settings),
             });
         }
         let mut schedule_names = HashSet::new();
@@ -305,7 +315,7 @@ impl File {
                 interval,
                 allowed_outbound_hosts: schedule.allowed_outbound_hosts,
                 limits,
-                settings: schedule.settings,
+                settings: check.settings(base, schedule.settings),
             });
         }
         let shares = check.share_instances(runtime.max_instances, &quotas);

@@ -162,3 +162,41 @@ fn secrets_stay_out_of_debug_output() {
     assert!(!shown.contains("hunter2") && !shown.contains("abcdefghijklmnop"), "{shown}");
     assert_eq!(config.http.unwrap().token.unwrap().expose(), "abcdefghijklmnopqrstuvwxyz");
 }
+
+#[test]
+fn settings_come_from_the_file_the_environment_or_a_file_and_those_read_are_never_printed() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("p.wasm"), b"").unwrap();
+    std::fs::write(dir.path().join("key.txt"), "from-a-file\n").unwrap();
+    // A variable every test process has (setting one is `unsafe`).
+    let variable = "PATH";
+    let from_environment = std::env::var(variable).unwrap();
+    let text = format!(
+        "[[plugin]]\nname = \"p\"\npath = \"p.wasm\"\n\n[plugin.settings]\nplain = \"written\"\n\
+         env = {{ env = \"{variable}\" }}\nfile = {{ file = \"key.txt\" }}\n"
+    );
+    let config = parse(&dir.path().join("config.toml"), &text).unwrap();
+    let settings = &config.plugins[0].settings;
+    let values: Vec<(&str, &str)> = settings.iter().map(|(k, v)| (k.as_str(), v.value())).collect();
+    assert_eq!(values, [("env", from_environment.as_str()), ("file", "from-a-file"), ("plain", "written")]);
+    let printed = format!("{config:?}");
+    assert!(!printed.contains(&from_environment) && !printed.contains("from-a-file"), "{printed}");
+    assert!(printed.contains("written"), "plain settings stay readable: {printed}");
+
+    let missing = "[[plugin]]\nname = \"p\"\npath = \"p.wasm\"\n\n[plugin.settings]\n\
+                   a = { env = \"PULSE_CONFIG_TEST_NO_SUCH_VARIABLE\" }\nb = { file = \"nope.txt\" }\nc = { vault = \"x\" }\n";
+    let error = parse(&dir.path().join("config.toml"), missing).unwrap_err();
+    let message = error.to_string();
+    assert!(message.contains("config.toml:8"), "the unknown form is refused with its line: {message}");
+    let without_unknown = missing.replace("c = { vault = \"x\" }\n", "");
+    let error = parse(&dir.path().join("config.toml"), &without_unknown).unwrap_err();
+    let message = error.to_string();
+    assert!(
+        message.contains("config.toml:6: setting `a` = { env = \"PULSE_CONFIG_TEST_NO_SUCH_VARIABLE\" }: the variable is not set"),
+        "{message}"
+    );
+    assert!(
+        message.contains("config.toml:7: setting `b` = { file = \"nope.txt\" }: cannot read"),
+        "{message}"
+    );
+}
