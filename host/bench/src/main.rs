@@ -21,6 +21,10 @@
 //!   Redis commands and CPU per job. Options: `--jobs N` (default 20,000;
 //!   5,000 for `echo-job`, 2,000 for `slow`, 400 for `slow-serial`),
 //!   `--redis URL` (default: a private `redis-server`).
+//! - `fetch`: two hosts run 1,000 `fetcher` jobs that poll a loopback
+//!   server answering in 20 ms, once a second each: requests per second
+//!   (against 1,000 asked), the hosts' request latency (mean, p99 bucket)
+//!   and resident memory. Options: `--jobs N`.
 //! - `idle`: two hosts serve one pool; after 10 s without traffic, one
 //!   dispatch through the pool's client and one through the HTTP API:
 //!   p50 and max latency per path (5 rounds). Target: max ≤ 50 ms.
@@ -42,6 +46,7 @@
 #![allow(clippy::print_stdout, reason = "the program's output is its RESULT lines")]
 
 mod dispatch;
+mod fetch;
 mod idle;
 mod membership;
 mod process;
@@ -51,7 +56,7 @@ mod ticker;
 
 use std::process::ExitCode;
 
-const USAGE: &str = "usage: pulse-bench SCENARIO [--quick] [--jobs N] [--redis URL]\nscenarios: runtime, dispatch [noop|echo-job|echo-worker|echo-http|slow|slow-serial]..., idle, failover, rebalance, ticker";
+const USAGE: &str = "usage: pulse-bench SCENARIO [--quick] [--jobs N] [--redis URL]\nscenarios: runtime, dispatch [noop|echo-job|echo-worker|echo-http|slow|slow-serial]..., idle, fetch, failover, rebalance, ticker";
 
 /// Parsed command line.
 #[derive(Debug)]
@@ -116,6 +121,7 @@ fn main() -> ExitCode {
         dispatch::SERVE_WORKERS => dispatch::serve_workers(&args),
         dispatch::SERVE_HOST => dispatch::serve_host(&args),
         "idle" => idle::run(&args),
+        "fetch" => fetch::run(&args),
         "failover" => membership::failover(&args),
         "rebalance" => membership::rebalance(&args),
         // The worker processes of the failover scenario.

@@ -2,7 +2,7 @@
 //! plugins' outgoing requests. It answers each request on a connection of
 //! its own (`Connection: close`) and counts what it received per path.
 //!
-//! Paths: `/slow/MS` answers after MS milliseconds; `/big/N` answers N
+//! Paths (a query is ignored): `/slow/MS` answers after MS milliseconds; `/big/N` answers N
 //! bytes; `/echo` answers the request's body; any other path answers the
 //! body set with [`HttpServer::set`] (404 when none), with an `ETag` (304
 //! to a matching `If-None-Match`).
@@ -114,12 +114,13 @@ fn serve(stream: TcpStream, state: &Mutex<State>) {
     }
     let body = lock(state).bodies.get(&path).cloned();
     lock(state).received.push(Received { method, path: path.clone(), headers, body: request_body.clone() });
-    let (status, body, etag) = if path == "/echo" {
+    let route = path.split('?').next().unwrap_or_default();
+    let (status, body, etag) = if route == "/echo" {
         ("200 OK", request_body, None)
-    } else if let Some(ms) = path.strip_prefix("/slow/") {
+    } else if let Some(ms) = route.strip_prefix("/slow/") {
         std::thread::sleep(Duration::from_millis(ms.parse().unwrap_or(0)));
         ("200 OK", b"slow".to_vec(), None)
-    } else if let Some(bytes) = path.strip_prefix("/big/") {
+    } else if let Some(bytes) = route.strip_prefix("/big/") {
         ("200 OK", vec![b'x'; bytes.parse().unwrap_or(0)], None)
     } else if let Some(body) = body {
         let etag = format!(

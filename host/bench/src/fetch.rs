@@ -1,0 +1,202 @@
+//! The `fetch` scenario: plugins calling HTTP at scale.
+//!
+//! Two host processes (`pulse_host::run`, this program re-run as
+//! `serve-host`) serve one pool of the `fetcher` plugin, 2 workers each,
+//! in job isolation. 1,000 jobs (`--jobs N`) each poll a loopback server
+//! that answers after 20 ms, once a second. After a warm-up the scenario
+//! counts the requests the server receives for 10 s: requests per second
+//! against the 1,000/s the jobs ask for; the hosts' own latency histogram
+//! (`pulse_plugin_http_request_seconds`, from their `/metrics`): mean and
+//! the bucket that holds the 99th percentile; each host's resident memory.
+
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pulse_pool::{DispatchOutcome, Node, NodeOptions};
+
+use crate::Args;
+use crate::dispatch::{SERVE_HOST, free_address};
+use crate::report;
+
+type BenchResult = Result<(), Box<dyn std::error::Error>>;
+
+const POOL: &str = "bench-fetch";
+const HOSTS: usize = 2;
+const WORKERS_PER_HOST: usize = 2;
+const INTERVAL_MS: u64 = 1_000;
+const SERVER_MS: u64 = 20;
+
+pub fn run(args: &Args) -> BenchResult {
+    let jobs = args.jobs.unwrap_or(if args.quick { 100 } else { 1_000 });
+    let (warm_up, measured) = if args.quick {
+        (Duration::from_secs(2), Duration::from_secs(3))
+    } else {
+        (Duration::from_secs(5), Duration::from_secs(10))
+    };
+    let endpoints = pulse_testkit::HttpServer::start();
+    let redis = pulse_testkit::RedisServer::start();
+    let dir = tempfile::tempdir()?;
+    let plugin = crate::runtime::plugin_path("fetcher")?;
+    let mut hosts: Vec<(Child, std::net::SocketAddr)> = Vec::new();
+    for host in 0..HOSTS {
+        let api = free_address()?;
+        let config = format!(
+            "[http]\nlisten = \"{api}\"\n\n[runtime]\nmax_instances = {instances}\n\n\
+             [[plugin]]\nname = \"fetcher\"\npath = {path:?}\npool = \"{POOL}\"\nworkers = {WORKERS_PER_HOST}\n\
+             isolation = \"job\"\nallowed_outbound_hosts = [\"http://{server}\"]\n",
+            instances = jobs + 64,
+            path = plugin.display().to_string(),
+            server = endpoints.address(),
+        );
+        let path = dir.path().join(format!("host{host}.toml"));
+        std::fs::write(&path, config)?;
+        let child = Command::new(std::env::current_exe()?)
+            .args([
+                SERVE_HOST,
+                path.to_str().ok_or("the temporary path is not UTF-8")?,
+                "--redis",
+                redis.url(),
+            ])
+            .stdin(Stdio::null())
+            .spawn()?;
+        hosts.push((child, api));
+    }
+    let tokio = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let result = tokio.block_on(async {
+        let client = redis::Client::open(redis.url())?;
+        let node = Arc::new(Node::client(&client, POOL, NodeOptions::default()).await?);
+        let deadline = Instant::now() + crate::dispatch::STARTUP;
+        while node.workers().await?.iter().filter(|w| w.slots > 0).count() < HOSTS * WORKERS_PER_HOST {
+            if Instant::now() > deadline {
+                return Err("the hosts' workers did not join".into());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let started = Instant::now();
+        let mut lanes = Vec::new();
+        for lane in 0..32 {
+            let node = node.clone();
+            let url = endpoints.url(&format!("/slow/{SERVER_MS}"));
+            lanes.push(tokio::spawn(async move {
+                let mut unconfirmed = 0;
+                for i in (lane..jobs).step_by(32) {
+                    let payload = format!("{url}?job={i} {INTERVAL_MS}");
+                    if !matches!(
+                        node.dispatch(&format!("f{i}"), payload.as_bytes()).await,
+                        Ok(DispatchOutcome::Started)
+                    ) {
+                        unconfirmed += 1;
+                    }
+                }
+                unconfirmed
+            }));
+        }
+        let mut unconfirmed = 0;
+        for lane in lanes {
+            unconfirmed += lane.await?;
+        }
+        let dispatched_in = started.elapsed();
+        tokio::time::sleep(warm_up).await;
+        let (before, from) = (endpoints.received().len(), Instant::now());
+        let scraped_before = scrape_all(&hosts).await;
+        tokio::time::sleep(measured).await;
+        let (after, elapsed) = (endpoints.received().len(), from.elapsed());
+        let scraped_after = scrape_all(&hosts).await;
+        let latency = scraped_after.minus(&scraped_before);
+        let rss: Vec<String> = hosts
+            .iter()
+            .map(|(child, _)| format!("{:.0}", resident_bytes(child.id()) as f64 / f64::from(1 << 20)))
+            .collect();
+        report::Result::new("fetch")
+            .field("jobs", jobs)
+            .field("hosts", HOSTS)
+            .field("workers", HOSTS * WORKERS_PER_HOST)
+            .field("interval_ms", INTERVAL_MS)
+            .field("server_ms", SERVER_MS)
+            .field("dispatch_s", format!("{:.2}", dispatched_in.as_secs_f64()))
+            .field("requests_per_s", format!("{:.0}", (after - before) as f64 / elapsed.as_secs_f64()))
+            .field("asked_per_s", format!("{:.0}", jobs as f64 * 1000.0 / INTERVAL_MS as f64))
+            .field("mean_ms", format!("{:.1}", latency.mean_ms()))
+            .field("p99_le_ms", latency.quantile_le_ms(0.99).map_or("-".to_owned(), |ms| format!("{ms}")))
+            .field("rss_mib", rss.join("/"))
+            .field("unconfirmed", unconfirmed)
+            .print();
+        node.shutdown(Duration::from_secs(120)).await?;
+        node.close().await;
+        Ok::<_, Box<dyn std::error::Error>>(())
+    });
+    for (mut child, _) in hosts {
+        if result.is_err() {
+            let _ = child.kill();
+        }
+        let _ = child.wait();
+    }
+    result
+}
+
+/// `VmRSS` of process `pid`, in bytes.
+fn resident_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kib| kib * 1024)
+}
+
+/// The hosts' request-latency histogram, added up: bucket bounds (s) with
+/// their cumulative counts, the sum (s) and the count.
+#[derive(Default)]
+struct Histogram {
+    buckets: Vec<(f64, f64)>,
+    sum: f64,
+    count: f64,
+}
+
+impl Histogram {
+    fn minus(&self, before: &Histogram) -> Histogram {
+        let buckets = self
+            .buckets
+            .iter()
+            .map(|(le, n)| (*le, n - before.buckets.iter().find(|(b, _)| b == le).map_or(0.0, |(_, m)| *m)))
+            .collect();
+        Histogram { buckets, sum: self.sum - before.sum, count: self.count - before.count }
+    }
+
+    fn mean_ms(&self) -> f64 {
+        if self.count > 0.0 { self.sum / self.count * 1000.0 } else { 0.0 }
+    }
+
+    /// The upper bound of the bucket holding quantile `q`, in ms.
+    fn quantile_le_ms(&self, q: f64) -> Option<f64> {
+        let target = self.count * q;
+        let mut buckets = self.buckets.clone();
+        buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+        buckets.into_iter().find(|(_, n)| *n >= target).map(|(le, _)| le * 1000.0)
+    }
+}
+
+async fn scrape_all(hosts: &[(Child, std::net::SocketAddr)]) -> Histogram {
+    let mut total = Histogram::default();
+    for (_, api) in hosts {
+        let Ok(response) = reqwest::get(format!("http://{api}/metrics")).await else { continue };
+        let Ok(text) = response.text().await else { continue };
+        for line in text.lines().filter(|line| line.starts_with("pulse_plugin_http_request_seconds")) {
+            let Some((name, value)) = line.rsplit_once(' ') else { continue };
+            let Ok(value) = value.parse::<f64>() else { continue };
+            if name.starts_with("pulse_plugin_http_request_seconds_sum") {
+                total.sum += value;
+            } else if name.starts_with("pulse_plugin_http_request_seconds_count") {
+                total.count += value;
+            } else if let Some(le) = name.split("le=\"").nth(1).and_then(|rest| rest.split('"').next()) {
+                let le = if le == "+Inf" { f64::INFINITY } else { le.parse().unwrap_or(f64::INFINITY) };
+                match total.buckets.iter_mut().find(|(b, _)| *b == le) {
+                    Some((_, n)) => *n += value,
+                    None => total.buckets.push((le, value)),
+                }
+            }
+        }
+    }
+    total
+}
