@@ -169,3 +169,57 @@ fn a_host_frozen_beyond_its_lease_sends_no_request_for_the_jobs_it_lost_once_res
     assert_eq!(survivor.wait("the shutdown of its only pool"), 0);
     drop(frozen);
 }
+
+/// `GET /metrics` of a host's API at `address`: the text.
+fn metrics(address: std::net::SocketAddr) -> String {
+    use std::io::{Read as _, Write as _};
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).unwrap();
+    text
+}
+
+/// The value of the metric line that starts with `name` and holds every
+/// label of `labels`, if any.
+fn metric(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
+    text.lines()
+        .filter(|line| line.starts_with(&format!("{name}{{")))
+        .find(|line| labels.iter().all(|label| line.contains(label)))
+        .and_then(|line| line.rsplit_once(' ')?.1.parse().ok())
+}
+
+#[test]
+fn requests_sent_and_denied_are_counted_by_plugin_host_and_status() {
+    let endpoints = HttpServer::start();
+    endpoints.set("/ok", b"fine");
+    let elsewhere = HttpServer::start();
+    let server = RedisServer::start();
+    let redis = Some(server.url());
+    let dir = tempfile::tempdir().unwrap();
+    let api = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let plugin = format!("allowed_outbound_hosts = [\"http://{}\"]", endpoints.address());
+    let config =
+        write_config(dir.path(), &[("fetcher", FETCHER, &plugin)], &format!("[http]\nlisten = \"{api}\"\n"));
+    let host = Host::start(&config, redis);
+    wait_for_workers(&config, redis, "fetcher", 1);
+    for (key, url) in [("allowed", endpoints.url("/ok")), ("denied", elsewhere.url("/ok"))] {
+        let payload = format!("{url} 3600000");
+        let (code, out) = cli(&config, redis, &["dispatch", "--pool", "fetcher", key, "--payload", &payload]);
+        assert_eq!((code, out.as_str()), (0, "started"), "{key}");
+    }
+    let text = metrics(api);
+    let sent = metric(
+        &text,
+        "pulse_plugin_http_requests_total",
+        &["plugin=\"fetcher\"", "host=\"127.0.0.1\"", "status=\"2xx\""],
+    );
+    assert_eq!(sent, Some(1.0), "{text}");
+    assert_eq!(metric(&text, "pulse_plugin_http_denied_total", &["plugin=\"fetcher\""]), Some(1.0), "{text}");
+    assert!(
+        metric(&text, "pulse_plugin_http_request_seconds_count", &["plugin=\"fetcher\""]) == Some(1.0),
+        "{text}"
+    );
+    assert_eq!(elsewhere.received().len(), 0);
+    drop(host);
+}
