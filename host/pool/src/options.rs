@@ -70,7 +70,9 @@ impl Default for NodeOptions {
 
 /// Options of one worker.
 ///
-/// Defaults: `max_concurrent_calls`: 32.
+/// Defaults: `max_concurrent_calls`: 1 (one call at a time per worker,
+/// as before concurrent calls existed; raise it for handlers that wait on
+/// the network).
 #[derive(Debug, Clone)]
 pub struct WorkerOptions {
     /// Handler calls of different jobs a worker makes at once. Calls for
@@ -81,6 +83,6 @@ pub struct WorkerOptions {
 
 impl Default for WorkerOptions {
     fn default() -> Self {
-        Self { max_concurrent_calls: 32 }
+        Self { max_concurrent_calls: 1 }
     }
 }

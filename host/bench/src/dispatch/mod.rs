@@ -14,8 +14,9 @@
 //!   host's HTTP API (keep-alive connections, one per dispatcher): the
 //!   API's cost on top of the pool's, and the metrics recorder's, which
 //!   that host installs.
-//! - `slow`: the `slow` plugin in job isolation, each start waiting 50 ms
-//!   (a WASI sleep), with 32 and 128 dispatchers: how far a worker's
+//! - `slow`: the `slow` plugin in job isolation with
+//!   `max_concurrent_calls = 32`, each start waiting 50 ms (a WASI sleep),
+//!   with 32 and 128 dispatchers: how far a worker's
 //!   concurrent calls go (at most 128 / 50 ms = 2,560/s; one call at a
 //!   time per worker would be 4 / 50 ms = 80/s).
 //! - `slow-serial`: the same with `max_concurrent_calls = 1`, 128

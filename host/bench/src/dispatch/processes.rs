@@ -105,6 +105,7 @@ pub(crate) fn spawn_host(
         false => ("worker", WORKERS * 4),
     };
     let calls = match handler {
+        Handler::Slow => "max_concurrent_calls = 32\n",
         Handler::SlowSerial => "max_concurrent_calls = 1\n",
         _ => "",
     };

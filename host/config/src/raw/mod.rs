@@ -282,7 +282,7 @@ impl File {
                 max_concurrent_calls: check.count(
                     "max_concurrent_calls",
                     plugin.max_concurrent_calls.as_ref(),
-                    32,
+                    1,
                     MAX_CONCURRENT_CALLS,
                 ) as usize,
                 allowed_outbound_hosts: plugin.allowed_outbound_hosts,
