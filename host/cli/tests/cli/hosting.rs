@@ -3,7 +3,7 @@
 use pulse_testkit::RedisServer;
 use pulse_testkit::plugins::{ECHO, TRAP};
 
-use crate::{Host, cli, eventually, wait_for_workers, write_config};
+use crate::{Host, cli, eventually, job_workers, wait_for_workers, write_config};
 
 fn job_state(
     config: &std::path::Path,
@@ -133,16 +133,6 @@ fn a_host_bringing_another_plugin_to_a_pool_is_refused_with_both_digests() {
 }
 
 /// The jobs of `pool` as the CLI lists them: key -> worker.
-fn jobs(config: &std::path::Path, redis: Option<&str>, pool: &str) -> Vec<(String, String)> {
-    let (code, out) = cli(config, redis, &["jobs", "--pool", pool, "--json"]);
-    assert_eq!(code, 0, "{out}");
-    let jobs: serde_json::Value = serde_json::from_str(&out).unwrap();
-    jobs.as_array()
-        .unwrap()
-        .iter()
-        .map(|job| (job["key"].as_str().unwrap().to_owned(), job["worker"].as_str().unwrap_or("").to_owned()))
-        .collect()
-}
 
 #[test]
 fn a_killed_host_s_jobs_run_on_the_other_host_once_it_rejoins_they_spread_and_a_shutdown_stops_both() {
@@ -167,14 +157,14 @@ fn a_killed_host_s_jobs_run_on_the_other_host_once_it_rejoins_they_spread_and_a_
     assert_eq!(slots, [1024; 4], "four workers share the 4,096 virtual slots evenly");
     let first_two: Vec<String> =
         workers.as_array().unwrap().iter().take(2).map(|w| w["id"].as_str().unwrap().to_owned()).collect();
-    let listed = jobs(&config, redis, "echo");
+    let listed = job_workers(&config, redis, "echo");
     assert_eq!(listed.len(), JOBS);
     assert!(listed.iter().any(|(_, worker)| first_two.contains(worker)), "spread over both hosts");
 
     doomed.child.kill().unwrap();
     doomed.child.wait().unwrap();
     eventually("every job runs on the surviving host", || {
-        let jobs = jobs(&config, redis, "echo");
+        let jobs = job_workers(&config, redis, "echo");
         jobs.len() == JOBS && jobs.iter().all(|(_, worker)| !worker.is_empty() && !first_two.contains(worker))
     });
     wait_for_workers(&config, redis, "echo", 2);
@@ -195,7 +185,7 @@ fn a_killed_host_s_jobs_run_on_the_other_host_once_it_rejoins_they_spread_and_a_
     let back = Host::start(&config, redis);
     wait_for_workers(&config, redis, "echo", 4);
     eventually("jobs run on both hosts again", || {
-        let jobs = jobs(&config, redis, "echo");
+        let jobs = job_workers(&config, redis, "echo");
         let workers: std::collections::HashSet<&str> = jobs.iter().map(|(_, w)| w.as_str()).collect();
         jobs.len() == JOBS && workers.len() == 4
     });
@@ -204,5 +194,5 @@ fn a_killed_host_s_jobs_run_on_the_other_host_once_it_rejoins_they_spread_and_a_
     assert_eq!((code, out.as_str()), (0, "shut down; the pool held 200 jobs"));
     assert_eq!(survivor.wait("the shutdown of its only pool"), 0);
     assert_eq!(back.wait("the shutdown of its only pool"), 0);
-    assert!(jobs(&config, redis, "echo").is_empty());
+    assert!(job_workers(&config, redis, "echo").is_empty());
 }

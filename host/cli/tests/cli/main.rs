@@ -139,6 +139,18 @@ pub fn eventually(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// Each job of `pool` with its worker (empty when none), from `jobs --json`.
+pub fn job_workers(config: &Path, redis: Option<&str>, pool: &str) -> Vec<(String, String)> {
+    let (code, out) = cli(config, redis, &["jobs", "--pool", pool, "--json"]);
+    assert_eq!(code, 0, "{out}");
+    let jobs: serde_json::Value = serde_json::from_str(&out).unwrap();
+    jobs.as_array()
+        .unwrap()
+        .iter()
+        .map(|job| (job["key"].as_str().unwrap().to_owned(), job["worker"].as_str().unwrap_or("").to_owned()))
+        .collect()
+}
+
 /// Waits until pool `pool` has `count` workers.
 pub fn wait_for_workers(config: &Path, redis: Option<&str>, pool: &str, count: usize) {
     eventually(&format!("{count} workers serve {pool}"), || {

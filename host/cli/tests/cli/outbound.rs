@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use pulse_testkit::plugins::FETCHER;
 use pulse_testkit::{HttpServer, RedisServer};
 
-use crate::{Host, cli, eventually, wait_for_workers, write_config};
+use crate::{Host, cli, eventually, job_workers, wait_for_workers, write_config};
 
 const JOBS: usize = 20;
 
@@ -23,55 +23,96 @@ fn emitted(config: &std::path::Path, redis: Option<&str>) -> HashMap<String, Vec
     by_job
 }
 
-/// Each job's worker, from `jobs --json`.
+/// Each job's worker.
 fn workers(config: &std::path::Path, redis: Option<&str>) -> HashMap<String, String> {
-    let (code, out) = cli(config, redis, &["jobs", "--pool", "fetcher", "--json"]);
-    assert_eq!(code, 0, "{out}");
-    let jobs: serde_json::Value = serde_json::from_str(&out).unwrap();
-    jobs.as_array()
-        .unwrap()
-        .iter()
-        .map(|job| (job["key"].as_str().unwrap().to_owned(), job["worker"].as_str().unwrap_or("").to_owned()))
-        .collect()
+    job_workers(config, redis, "fetcher").into_iter().collect()
+}
+
+/// Two hosts serving `fetcher` (lease 1 s), each with one worker, and
+/// [`JOBS`] jobs `e0`… polling `/e0`… of `endpoints` every 100 ms.
+struct TwoHosts {
+    endpoints: HttpServer,
+    config: std::path::PathBuf,
+    first: Host,
+    second: Host,
+    /// The first host's worker.
+    first_worker: String,
+    // Dropped last: the hosts are killed first.
+    _dir: tempfile::TempDir,
+    server: RedisServer,
+}
+
+impl TwoHosts {
+    fn start() -> Self {
+        let endpoints = HttpServer::start();
+        for i in 0..JOBS {
+            endpoints.set(&format!("/e{i}"), format!("body {i}").as_bytes());
+        }
+        let server = RedisServer::start();
+        let redis = Some(server.url());
+        let dir = tempfile::tempdir().unwrap();
+        let plugin = format!("allowed_outbound_hosts = [\"http://{}\"]", endpoints.address());
+        let config =
+            write_config(dir.path(), &[("fetcher", FETCHER, &plugin)], "[node]\nlease_ttl = \"1s\"\n");
+        let first = Host::start(&config, redis);
+        wait_for_workers(&config, redis, "fetcher", 1);
+        let second = Host::start(&config, redis);
+        wait_for_workers(&config, redis, "fetcher", 2);
+        for i in 0..JOBS {
+            let payload = format!("{} 100", endpoints.url(&format!("/e{i}")));
+            let (code, out) = cli(
+                &config,
+                redis,
+                &["dispatch", "--pool", "fetcher", &format!("e{i}"), "--payload", &payload],
+            );
+            assert_eq!((code, out.as_str()), (0, "started"), "e{i}");
+        }
+        let listed = cli(&config, redis, &["workers", "--pool", "fetcher", "--json"]).1;
+        let listed: serde_json::Value = serde_json::from_str(&listed).unwrap();
+        let first_worker = listed[0]["id"].as_str().unwrap().to_owned();
+        Self { endpoints, config, first, second, first_worker, _dir: dir, server }
+    }
+
+    fn redis(&self) -> Option<&str> {
+        Some(self.server.url())
+    }
+
+    /// The jobs the first host runs.
+    fn first_host_jobs(&self) -> Vec<String> {
+        let jobs = workers(&self.config, self.redis());
+        let on_first: Vec<String> =
+            jobs.into_iter().filter(|(_, w)| *w == self.first_worker).map(|(k, _)| k).collect();
+        assert!(!on_first.is_empty() && on_first.len() < JOBS, "jobs spread over both hosts");
+        on_first
+    }
+
+    /// Shuts the pool down; the second host exits.
+    fn shut_down(self) {
+        let (code, out) = cli(&self.config, self.redis(), &["shutdown", "--pool", "fetcher"]);
+        assert_eq!(code, 0, "{out}");
+        let Self { second, first, .. } = self;
+        assert_eq!(second.wait("the shutdown of its only pool"), 0);
+        drop(first);
+    }
 }
 
 #[test]
 fn fetcher_jobs_moved_by_kill_9_poll_on_without_emitting_an_unchanged_body_again() {
-    let endpoints = HttpServer::start();
-    for i in 0..JOBS {
-        endpoints.set(&format!("/e{i}"), format!("body {i}").as_bytes());
-    }
-    let server = RedisServer::start();
-    let redis = Some(server.url());
-    let dir = tempfile::tempdir().unwrap();
-    let plugin = format!("allowed_outbound_hosts = [\"http://{}\"]", endpoints.address());
-    let config = write_config(dir.path(), &[("fetcher", FETCHER, &plugin)], "[node]\nlease_ttl = \"1s\"\n");
-    let doomed = Host::start(&config, redis);
-    wait_for_workers(&config, redis, "fetcher", 1);
-    let survivor = Host::start(&config, redis);
-    wait_for_workers(&config, redis, "fetcher", 2);
-    for i in 0..JOBS {
-        // Polled every 100 ms.
-        let payload = format!("{} 100", endpoints.url(&format!("/e{i}")));
-        let (code, out) =
-            cli(&config, redis, &["dispatch", "--pool", "fetcher", &format!("e{i}"), "--payload", &payload]);
-        assert_eq!((code, out.as_str()), (0, "started"), "e{i}");
-    }
-    let first = cli(&config, redis, &["workers", "--pool", "fetcher", "--json"]).1;
-    let first: serde_json::Value = serde_json::from_str(&first).unwrap();
-    let doomed_worker = first[0]["id"].as_str().unwrap().to_owned();
-    let before = workers(&config, redis);
-    let moved: Vec<String> =
-        before.iter().filter(|(_, w)| **w == doomed_worker).map(|(k, _)| k.clone()).collect();
-    assert!(!moved.is_empty() && moved.len() < JOBS, "jobs spread over both hosts: {before:?}");
+    let mut pool = TwoHosts::start();
+    let (config, redis) = (pool.config.clone(), Some(pool.server.url().to_owned()));
+    let redis = redis.as_deref();
+    let moved = pool.first_host_jobs();
     eventually("every job emitted its body", || emitted(&config, redis).len() == JOBS);
 
-    drop(doomed); // SIGKILL
+    pool.first.child.kill().unwrap();
+    pool.first.child.wait().unwrap();
+    let first_worker = pool.first_worker.clone();
     eventually("every job runs on the surviving host", || {
         let now = workers(&config, redis);
-        now.len() == JOBS && now.values().all(|w| !w.is_empty() && *w != doomed_worker)
+        now.len() == JOBS && now.values().all(|w| !w.is_empty() && *w != first_worker)
     });
     // Polling goes on where they run now: a few more requests each.
+    let endpoints = &pool.endpoints;
     let counted: HashMap<String, usize> =
         moved.iter().map(|key| (key.clone(), endpoints.count(&format!("/{key}")))).collect();
     eventually("the moved jobs poll again", || {
@@ -90,10 +131,7 @@ fn fetcher_jobs_moved_by_kill_9_poll_on_without_emitting_an_unchanged_body_again
     endpoints.set(&format!("/{changed}"), b"changed");
     eventually("the change is emitted", || emitted(&config, redis)[changed].len() == 2);
     assert_eq!(emitted(&config, redis)[changed][1], "200 changed");
-
-    let (code, out) = cli(&config, redis, &["shutdown", "--pool", "fetcher"]);
-    assert_eq!(code, 0, "{out}");
-    assert_eq!(survivor.wait("the shutdown of its only pool"), 0);
+    pool.shut_down();
 }
 
 /// The `X-Fetcher-Run` of a request.
@@ -108,38 +146,18 @@ fn run_of(request: &pulse_testkit::http::Received) -> String {
 
 #[test]
 fn a_host_frozen_beyond_its_lease_sends_no_request_for_the_jobs_it_lost_once_resumed() {
-    let endpoints = HttpServer::start();
-    for i in 0..JOBS {
-        endpoints.set(&format!("/e{i}"), format!("body {i}").as_bytes());
-    }
-    let server = RedisServer::start();
-    let redis = Some(server.url());
-    let dir = tempfile::tempdir().unwrap();
-    let plugin = format!("allowed_outbound_hosts = [\"http://{}\"]", endpoints.address());
-    let config = write_config(dir.path(), &[("fetcher", FETCHER, &plugin)], "[node]\nlease_ttl = \"1s\"\n");
-    let frozen = Host::start(&config, redis);
-    wait_for_workers(&config, redis, "fetcher", 1);
-    let survivor = Host::start(&config, redis);
-    wait_for_workers(&config, redis, "fetcher", 2);
-    for i in 0..JOBS {
-        let payload = format!("{} 100", endpoints.url(&format!("/e{i}")));
-        let (code, out) =
-            cli(&config, redis, &["dispatch", "--pool", "fetcher", &format!("e{i}"), "--payload", &payload]);
-        assert_eq!((code, out.as_str()), (0, "started"), "e{i}");
-    }
-    let first = cli(&config, redis, &["workers", "--pool", "fetcher", "--json"]).1;
-    let first: serde_json::Value = serde_json::from_str(&first).unwrap();
-    let frozen_worker = first[0]["id"].as_str().unwrap().to_owned();
-    let lost: Vec<String> =
-        workers(&config, redis).into_iter().filter(|(_, w)| *w == frozen_worker).map(|(k, _)| k).collect();
-    assert!(!lost.is_empty() && lost.len() < JOBS, "jobs spread over both hosts");
+    let pool = TwoHosts::start();
+    let (config, redis) = (pool.config.clone(), Some(pool.server.url().to_owned()));
+    let redis = redis.as_deref();
+    let (endpoints, frozen_worker) = (&pool.endpoints, pool.first_worker.clone());
+    let lost = pool.first_host_jobs();
     eventually("every job polled twice", || (0..JOBS).all(|i| endpoints.count(&format!("/e{i}")) >= 2));
     // The runs of the jobs the frozen host holds, as the endpoints saw them.
     let paths: Vec<String> = lost.iter().map(|key| format!("/{key}")).collect();
     let stale: std::collections::HashSet<String> =
         endpoints.received().iter().filter(|r| paths.contains(&r.path)).map(run_of).collect();
 
-    let pid = frozen.child.id().to_string();
+    let pid = pool.first.child.id().to_string();
     std::process::Command::new("kill").args(["-STOP", &pid]).status().unwrap();
     eventually("the frozen host's jobs run on the other host and poll there", || {
         let now = workers(&config, redis);
@@ -164,10 +182,7 @@ fn a_host_frozen_beyond_its_lease_sends_no_request_for_the_jobs_it_lost_once_res
         endpoints.received().into_iter().skip(resumed_at).filter(|r| stale.contains(&run_of(r))).collect();
     assert!(after.is_empty(), "the resumed host sent requests for jobs it had lost: {after:?}");
 
-    let (code, out) = cli(&config, redis, &["shutdown", "--pool", "fetcher"]);
-    assert_eq!(code, 0, "{out}");
-    assert_eq!(survivor.wait("the shutdown of its only pool"), 0);
-    drop(frozen);
+    pool.shut_down();
 }
 
 /// `GET /metrics` of a host's API at `address`: the text.
