@@ -9,14 +9,14 @@
 //! (`pulse_plugin_http_request_seconds`, from their `/metrics`): mean and
 //! the bucket that holds the 99th percentile; each host's resident memory.
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pulse_pool::{DispatchOutcome, Node, NodeOptions};
 
 use crate::Args;
-use crate::dispatch::{SERVE_HOST, free_address};
+use crate::dispatch::{SERVE_HOST, free_address, wait_for_workers};
 use crate::report;
 
 type BenchResult = Result<(), Box<dyn std::error::Error>>;
@@ -38,7 +38,7 @@ pub fn run(args: &Args) -> BenchResult {
     let redis = pulse_testkit::RedisServer::start();
     let dir = tempfile::tempdir()?;
     let plugin = crate::runtime::plugin_path("fetcher")?;
-    let mut hosts: Vec<(Child, std::net::SocketAddr)> = Vec::new();
+    let (mut hosts, mut apis) = (Vec::new(), Vec::new());
     for host in 0..HOSTS {
         let api = free_address()?;
         let config = format!(
@@ -60,19 +60,14 @@ pub fn run(args: &Args) -> BenchResult {
             ])
             .stdin(Stdio::null())
             .spawn()?;
-        hosts.push((child, api));
+        hosts.push(child);
+        apis.push(api);
     }
     let tokio = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let result = tokio.block_on(async {
         let client = redis::Client::open(redis.url())?;
         let node = Arc::new(Node::client(&client, POOL, NodeOptions::default()).await?);
-        let deadline = Instant::now() + crate::dispatch::STARTUP;
-        while node.workers().await?.iter().filter(|w| w.slots > 0).count() < HOSTS * WORKERS_PER_HOST {
-            if Instant::now() > deadline {
-                return Err("the hosts' workers did not join".into());
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_for_workers(&node, HOSTS * WORKERS_PER_HOST, &mut hosts).await?;
         let started = Instant::now();
         let mut lanes = Vec::new();
         for lane in 0..32 {
@@ -99,14 +94,19 @@ pub fn run(args: &Args) -> BenchResult {
         let dispatched_in = started.elapsed();
         tokio::time::sleep(warm_up).await;
         let (before, from) = (endpoints.received().len(), Instant::now());
-        let scraped_before = scrape_all(&hosts).await;
+        let scraped_before = scrape_all(&apis).await;
         tokio::time::sleep(measured).await;
         let (after, elapsed) = (endpoints.received().len(), from.elapsed());
-        let scraped_after = scrape_all(&hosts).await;
+        let scraped_after = scrape_all(&apis).await;
         let latency = scraped_after.minus(&scraped_before);
         let rss: Vec<String> = hosts
             .iter()
-            .map(|(child, _)| format!("{:.0}", resident_bytes(child.id()) as f64 / f64::from(1 << 20)))
+            .map(|child| {
+                format!(
+                    "{:.0}",
+                    report::resident_bytes_of(&child.id().to_string()) as f64 / f64::from(1 << 20)
+                )
+            })
             .collect();
         report::Result::new("fetch")
             .field("jobs", jobs)
@@ -126,23 +126,13 @@ pub fn run(args: &Args) -> BenchResult {
         node.close().await;
         Ok::<_, Box<dyn std::error::Error>>(())
     });
-    for (mut child, _) in hosts {
+    for mut child in hosts {
         if result.is_err() {
             let _ = child.kill();
         }
         let _ = child.wait();
     }
     result
-}
-
-/// `VmRSS` of process `pid`, in bytes.
-fn resident_bytes(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |kib| kib * 1024)
 }
 
 /// The hosts' request-latency histogram, added up: bucket bounds (s) with
@@ -177,9 +167,9 @@ impl Histogram {
     }
 }
 
-async fn scrape_all(hosts: &[(Child, std::net::SocketAddr)]) -> Histogram {
+async fn scrape_all(apis: &[std::net::SocketAddr]) -> Histogram {
     let mut total = Histogram::default();
-    for (_, api) in hosts {
+    for api in apis {
         let Ok(response) = reqwest::get(format!("http://{api}/metrics")).await else { continue };
         let Ok(text) = response.text().await else { continue };
         for line in text.lines().filter(|line| line.starts_with("pulse_plugin_http_request_seconds")) {

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use pulse_pool::{Node, NodeOptions};
 
 use crate::Args;
-use crate::dispatch::{Dispatcher, Handler, PAYLOAD, STARTUP, WORKERS, free_address, spawn_host};
+use crate::dispatch::{Dispatcher, Handler, PAYLOAD, WORKERS, free_address, spawn_host, wait_for_workers};
 use crate::report::{self, percentile};
 
 type BenchResult = Result<(), Box<dyn std::error::Error>>;
@@ -42,13 +42,7 @@ pub fn run(args: &Args) -> BenchResult {
     let result = tokio.block_on(async {
         let client = redis::Client::open(url.as_str())?;
         let node = Arc::new(Node::client(&client, pool, NodeOptions::default()).await?);
-        let deadline = Instant::now() + STARTUP;
-        while node.workers().await?.iter().filter(|w| w.slots > 0).count() < 2 * WORKERS {
-            if Instant::now() > deadline {
-                return Err(format!("the two hosts had no {} workers after {STARTUP:?}", 2 * WORKERS).into());
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_for_workers(&node, 2 * WORKERS, &mut hosts).await?;
         let by_node = Dispatcher::Node(node.clone());
         let by_http = Dispatcher::http(api, pool).await?;
         let (mut node_samples, mut http_samples) = (Vec::new(), Vec::new());

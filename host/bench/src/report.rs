@@ -48,7 +48,13 @@ pub fn percentile(samples: &mut [Duration], p: f64) -> Duration {
 
 /// Resident memory of this process, in bytes (`VmRSS` of `/proc/self/status`).
 pub fn resident_bytes() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    resident_bytes_of("self")
+}
+
+/// Resident memory of process `pid` (a number, or `self`), in bytes
+/// (`VmRSS` of `/proc/PID/status`); 0 when it cannot be read.
+pub fn resident_bytes_of(pid: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     status
         .lines()
         .find_map(|line| line.strip_prefix("VmRSS:"))

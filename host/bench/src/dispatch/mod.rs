@@ -36,9 +36,9 @@ use pulse_pool::{Node, NodeOptions};
 
 use crate::Args;
 use crate::report::{self, percentile};
-pub(crate) use processes::{Dispatcher, free_address, spawn_host};
+use processes::spawn_noop_workers;
+pub(crate) use processes::{Dispatcher, free_address, spawn_host, wait_for_workers};
 pub use processes::{SERVE_HOST, SERVE_WORKERS, serve_host, serve_workers};
-use processes::{spawn_noop_workers, wait_for_workers};
 
 pub(crate) const WORKERS: usize = 4;
 pub(crate) const PAYLOAD: [u8; 100] = [7; 100];
@@ -144,7 +144,7 @@ pub fn run(args: &Args) -> BenchResult {
         let result = tokio.block_on(async {
             let client = redis::Client::open(url.as_str())?;
             let node = Arc::new(Node::client(&client, &pool, NodeOptions::default()).await?);
-            wait_for_workers(&node, &mut workers).await?;
+            wait_for_workers(&node, WORKERS, std::slice::from_mut(&mut workers)).await?;
             let dispatcher = match api {
                 Some(address) => Dispatcher::http(address, &pool).await?,
                 None => Dispatcher::Node(node.clone()),

@@ -124,19 +124,23 @@ pub(crate) fn spawn_host(
         .spawn()?)
 }
 
-/// Waits until the pool lists the worker process's 4 workers with slots.
-pub(super) async fn wait_for_workers(node: &Node, process: &mut Child) -> BenchResult {
+/// Waits until the pool lists `count` workers with slots; fails when one
+/// of `processes` (the ones serving them) ends first, or after
+/// [`STARTUP`].
+pub(crate) async fn wait_for_workers(node: &Node, count: usize, processes: &mut [Child]) -> BenchResult {
     let deadline = Instant::now() + STARTUP;
     loop {
         let workers = node.workers().await?;
-        if workers.iter().filter(|w| w.slots > 0).count() >= WORKERS {
+        if workers.iter().filter(|w| w.slots > 0).count() >= count {
             return Ok(());
         }
-        if let Some(status) = process.try_wait()? {
-            return Err(format!("the worker process ended before its workers joined: {status}").into());
+        for process in processes.iter_mut() {
+            if let Some(status) = process.try_wait()? {
+                return Err(format!("a worker process ended before its workers joined: {status}").into());
+            }
         }
         if Instant::now() > deadline {
-            return Err(format!("the worker process had no {WORKERS} workers after {STARTUP:?}").into());
+            return Err(format!("the pool had no {count} workers after {STARTUP:?}").into());
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -195,9 +195,9 @@ impl<H: JobHandler> Worker<H> {
         checks.reset();
         loop {
             let next_retry = self.retry_at.keys().next().map(|(at, _)| *at);
-            let has_jobs = !self.running.is_empty() || !self.retrying.is_empty() || !self.calls.is_idle();
-            let room = self.calls.has_room();
             let in_flight = !self.calls.is_idle();
+            let has_jobs = !self.running.is_empty() || !self.retrying.is_empty() || in_flight;
+            let room = self.calls.has_room();
             let fence = self.fence.clone();
             tokio::select! {
                 biased;

@@ -5,16 +5,20 @@
 
 use std::time::Duration;
 
-use pulse_runtime::{AllowedHost, CallError, Isolation, Job, Outbound, PluginOptions};
+use pulse_runtime::{AllowedHost, CallError, Isolation, Job, Outbound, Plugin, PluginOptions, Runtime};
 use pulse_testkit::HttpServer;
 use pulse_testkit::plugins::FETCHER;
 
 use crate::{PATIENCE, load, options, runner, runtime};
 
-/// Options of `fetcher` allowing `allowed`, with `outbound`'s limits.
-fn allowing(allowed: &[String], outbound: Outbound) -> PluginOptions {
-    let allowed = allowed.iter().map(|entry| entry.parse::<AllowedHost>().unwrap()).collect();
-    PluginOptions { outbound: Outbound { allowed, ..outbound }, ..options(Isolation::Job, &[]) }
+/// `fetcher` in job isolation, allowed to reach `server` only, with
+/// `limits`; with the runtime that runs it.
+fn fetcher(server: &HttpServer, limits: Outbound) -> (Runtime, Plugin) {
+    let allowed = vec![format!("http://{}", server.address()).parse::<AllowedHost>().unwrap()];
+    let options = PluginOptions { outbound: Outbound { allowed, ..limits }, ..options(Isolation::Job, &[]) };
+    let runtime = runtime();
+    let plugin = load(&runtime, FETCHER, options);
+    (runtime, plugin)
 }
 
 /// A job polling `url` once an hour (so only its start and explicit
@@ -31,9 +35,7 @@ fn texts(events: &[Vec<u8>]) -> Vec<String> {
 async fn an_allowed_get_is_sent_and_its_body_emitted_once_until_it_changes() {
     let server = HttpServer::start();
     server.set("/status", b"all good");
-    let runtime = runtime();
-    let plugin =
-        load(&runtime, FETCHER, allowing(&[format!("http://{}", server.address())], Outbound::default()));
+    let (_runtime, plugin) = fetcher(&server, Outbound::default());
     let (runner, recorder) = runner(&plugin);
     runner.start(job("status", &server.url("/status"))).await.unwrap();
     assert_eq!(recorder.emitted("status"), vec![b"200 all good".to_vec()]);
@@ -68,9 +70,7 @@ async fn an_allowed_get_is_sent_and_its_body_emitted_once_until_it_changes() {
 async fn a_post_carries_its_body_and_headers_and_its_answer_comes_back() {
     let server = HttpServer::start();
     server.set("/echo", b"");
-    let runtime = runtime();
-    let plugin =
-        load(&runtime, FETCHER, allowing(&[format!("http://{}", server.address())], Outbound::default()));
+    let (_runtime, plugin) = fetcher(&server, Outbound::default());
     let (runner, recorder) = runner(&plugin);
     runner.start(job("push", &server.url("/echo"))).await.unwrap();
     let body: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
@@ -92,9 +92,7 @@ async fn a_host_port_or_scheme_not_listed_is_denied_before_anything_is_sent() {
     let other = HttpServer::start();
     other.set("/x", b"x");
     let port = server.address().port();
-    let runtime = runtime();
-    let plugin =
-        load(&runtime, FETCHER, allowing(&[format!("http://127.0.0.1:{port}")], Outbound::default()));
+    let (_runtime, plugin) = fetcher(&server, Outbound::default());
     let (runner, recorder) = runner(&plugin);
     let denied = [
         ("host", format!("http://localhost:{port}/x")),
@@ -118,13 +116,12 @@ async fn a_host_port_or_scheme_not_listed_is_denied_before_anything_is_sent() {
 #[tokio::test]
 async fn a_slow_server_meets_the_timeout_and_a_big_body_the_size_limit() {
     let server = HttpServer::start();
-    let runtime = runtime();
     let limits = Outbound {
         first_byte_timeout: Duration::from_millis(300),
         max_response_bytes: 1024,
         ..Outbound::default()
     };
-    let plugin = load(&runtime, FETCHER, allowing(&[format!("http://{}", server.address())], limits));
+    let (_runtime, plugin) = fetcher(&server, limits);
     let (runner, recorder) = runner(&plugin);
     runner.start(job("slow", &server.url("/slow/3000"))).await.unwrap();
     let emitted = texts(&recorder.emitted("slow"));
@@ -146,9 +143,7 @@ async fn a_slow_server_meets_the_timeout_and_a_big_body_the_size_limit() {
 async fn a_fenced_job_sends_nothing_and_its_request_in_flight_is_cancelled() {
     let server = HttpServer::start();
     server.set("/x", b"x");
-    let runtime = runtime();
-    let plugin =
-        load(&runtime, FETCHER, allowing(&[format!("http://{}", server.address())], Outbound::default()));
+    let (_runtime, plugin) = fetcher(&server, Outbound::default());
     let (runner, recorder) = runner(&plugin);
     runner.start(job("fenced", &server.url("/x"))).await.unwrap();
     assert_eq!(server.count("/x"), 1);
