@@ -31,7 +31,20 @@ fn assert_nothing_after_takeover(entries: &[Entry]) {
                     latest.insert(&e.key, (token, &e.pid));
                 }
             }
-            "refused" => panic!("entry {i}: a job's work ran on a worker that had lost it: {e:?}"),
+            "refused" => {
+                let history: Vec<(usize, &Entry)> = entries
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, other)| other.key == e.key || other.key.is_empty())
+                    .collect();
+                let around: Vec<String> = entries[i.saturating_sub(40)..(i + 5).min(entries.len())]
+                    .iter()
+                    .map(|e| format!("{} {} {} {} {}", e.kind, e.key, e.token, e.worker, e.detail))
+                    .collect();
+                panic!(
+                    "entry {i}: a job's work ran on a worker that had lost it: {e:?}; the job's history: {history:#?}; around: {around:#?}"
+                )
+            }
             "stop" | "notify" => {
                 if let Some((newer, pid)) = latest.get(e.key.as_str())
                     && *newer > token

@@ -26,7 +26,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use pulse_pool::{HandlerError, Job, JobContext, JobHandler, Node, NodeOptions};
+use pulse_pool::{HandlerError, Job, JobContext, JobHandler, Node, NodeOptions, WorkerOptions};
 use tokio::io::AsyncReadExt as _;
 
 #[derive(Clone)]
@@ -136,7 +136,10 @@ async fn save_periodically(journal: Journal, ctx: JobContext, period: Duration) 
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter("warn,pulse_pool=info").init();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(std::env::var("PULSE_TEST_LOG").unwrap_or_else(|_| "warn,pulse_pool=info".into()))
+        .init();
     let args: Vec<String> = std::env::args().collect();
     let [_, url, pool, workers, ttl_ms] = args.as_slice() else {
         return Err("usage: pool-worker <redis-url> <pool> <workers> <lease-ttl-ms>".into());
@@ -159,9 +162,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .and_then(|ms| ms.parse().ok())
             .map(Duration::from_millis),
     };
+    // Calls of different jobs a worker makes at once: PULSE_TEST_CALLS
+    // (default 1, the pool's default).
+    let calls = std::env::var("PULSE_TEST_CALLS").ok().and_then(|n| n.parse().ok()).unwrap_or(1);
+    let worker_options = WorkerOptions { max_concurrent_calls: calls };
     for _ in 0..workers.parse::<usize>()? {
         // One handler shared by the process's workers: the journal is one.
-        node.add_worker(journal.clone()).await?;
+        node.add_worker_with(journal.clone(), worker_options.clone()).await?;
     }
     #[allow(clippy::print_stdout, reason = "the readiness line the test waits for")]
     {

@@ -65,14 +65,19 @@ impl<H: JobHandler> Worker<H> {
     /// Whether the lease allows a handler call now; if not, the worker is
     /// lost and calls nothing more.
     pub(super) fn may_call(&mut self) -> bool {
-        if !self.lost && !self.core.lease.valid_for(&self.fence) {
-            if self.core.lease.data_loss_pending(&self.fence) {
-                // Redis lost the pool's data: no call until the worker has
-                // joined again and written its jobs back (what it skips
-                // stays in its inbox, read again from the oldest entry).
-                self.skipped = true;
-                return false;
-            }
+        if self.lost {
+            return false;
+        }
+        if self.core.lease.data_loss_pending(&self.fence) {
+            // Redis lost the pool's data: no call until the worker has
+            // joined again and written its jobs back, even once the node's
+            // lease is up again (what it skips stays in its inbox, read
+            // again from the oldest entry; a later event of the same job
+            // called meanwhile would overtake it).
+            self.skipped = true;
+            return false;
+        }
+        if !self.core.lease.valid_for(&self.fence) {
             tracing::warn!("the lease may have ended: this worker calls no handler until it joins again");
             self.lost = true;
             self.fence.fence();
@@ -141,6 +146,8 @@ impl<H: JobHandler> Worker<H> {
             // (after a data loss) keep their contexts.
             self.fence = self.core.lease.add_member(&self.id, Some(self.fence.clone()));
             self.lost = false;
+            // Reconcile's mark was an entry of the inbox as it was.
+            self.orphans = None;
             self.last_read = "0-0".to_owned();
             let joined = match open_inbox(&self.inbox).await {
                 Ok((reader, inbox)) => match self.core.join_worker(&self.id, self.join).await {
