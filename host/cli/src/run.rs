@@ -38,7 +38,13 @@ pub fn load(config: &Config) -> anyhow::Result<Loaded> {
                 Isolation::Job => pulse_runtime::Isolation::Job,
                 Isolation::Worker => pulse_runtime::Isolation::Worker,
             },
-            outbound: outbound("plugin", &plugin.name, &plugin.allowed_outbound_hosts, &plugin.limits)?,
+            outbound: outbound(
+                "plugin",
+                &plugin.name,
+                &plugin.allowed_outbound_hosts,
+                plugin.outbound_ca_file.as_deref(),
+                &plugin.limits,
+            )?,
         };
         plugins.push(runtime.load_file(&plugin.name, &plugin.path, options)?);
     }
@@ -51,6 +57,7 @@ pub fn load(config: &Config) -> anyhow::Result<Loaded> {
                 "schedule",
                 &schedule.name,
                 &schedule.allowed_outbound_hosts,
+                schedule.outbound_ca_file.as_deref(),
                 &schedule.limits,
             )?,
         };
@@ -67,11 +74,13 @@ fn settings(
 }
 
 /// What a plugin or producer may reach over HTTP: its
-/// `allowed_outbound_hosts`, each entry checked, and its `http_` limits.
+/// `allowed_outbound_hosts`, each entry checked, the authorities of its
+/// `outbound_ca_file`, and its `http_` limits.
 fn outbound(
     what: &str,
     name: &str,
     allowed: &[String],
+    ca_file: Option<&std::path::Path>,
     limits: &pulse_config::Limits,
 ) -> anyhow::Result<pulse_runtime::Outbound> {
     let allowed = allowed
@@ -79,12 +88,18 @@ fn outbound(
         .map(|entry| entry.parse())
         .collect::<Result<_, pulse_runtime::AllowedHostError>>()
         .with_context(|| format!("{what} {name:?}: allowed_outbound_hosts"))?;
+    let tls = match ca_file {
+        Some(path) => pulse_runtime::OutboundTls::with_ca_file(path)
+            .with_context(|| format!("{what} {name:?}: outbound_ca_file"))?,
+        None => pulse_runtime::OutboundTls::default(),
+    };
     Ok(pulse_runtime::Outbound {
         allowed,
         connect_timeout: limits.http_connect_timeout,
         first_byte_timeout: limits.http_first_byte_timeout,
         max_response_bytes: limits.http_response_bytes,
         max_requests: limits.http_requests,
+        tls,
     })
 }
 
@@ -417,7 +432,7 @@ mod tests {
             );
             let plugin = &config.plugins[0];
             assert_eq!(
-                outbound("plugin", "p", &[], &plugin.limits).unwrap(),
+                outbound("plugin", "p", &[], plugin.outbound_ca_file.as_deref(), &plugin.limits).unwrap(),
                 pulse_runtime::Outbound::default(),
                 "{what}: the http_ limits of [plugin.limits] differ from the runtime's defaults"
             );

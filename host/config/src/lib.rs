@@ -161,6 +161,9 @@ pub struct PluginConfig {
     /// `allowed_outbound_hosts`: where its jobs may send HTTP requests
     /// (checked when the plugin is loaded).
     pub allowed_outbound_hosts: Vec<String>,
+    /// `outbound_ca_file`: certificate authorities (PEM) its HTTPS
+    /// requests trust beside the webpki roots.
+    pub outbound_ca_file: Option<PathBuf>,
     /// `[plugin.limits]`.
     pub limits: Limits,
     /// `[plugin.settings]`.
@@ -182,6 +185,8 @@ pub struct ScheduleConfig {
     pub interval: Duration,
     /// `allowed_outbound_hosts` of the producer.
     pub allowed_outbound_hosts: Vec<String>,
+    /// `outbound_ca_file` of the producer.
+    pub outbound_ca_file: Option<PathBuf>,
     /// `[schedule.limits]` of each plan call.
     pub limits: Limits,
     /// `[schedule.settings]`.

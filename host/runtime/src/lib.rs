@@ -60,7 +60,7 @@ pub use error::{CallError, EngineError, HostRefusal, JobError, LoadError};
 pub use instance::Instance;
 pub use job::Job;
 pub use limits::Limits;
-pub use outbound::{AllowedHost, AllowedHostError, Outbound};
+pub use outbound::{AllowedHost, AllowedHostError, Outbound, OutboundTls, OutboundTlsError};
 pub use outputs::{BoxFuture, JobOutputs, Output, Recorder};
 pub use plugin::{Isolation, Plugin, PluginOptions};
 pub use producer::{Plan, PlanAnswer, Producer, ProducerOptions};

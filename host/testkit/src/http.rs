@@ -2,14 +2,21 @@
 //! plugins' outgoing requests. It answers each request on a connection of
 //! its own (`Connection: close`) and counts what it received per path.
 //!
-//! Paths (a query is ignored): `/slow/MS` answers after MS milliseconds; `/big/N` answers N
+//! [`HttpServer::start_tls`] serves HTTPS instead, with a certificate for
+//! `127.0.0.1` and `localhost` made for it and trusted by nothing: its
+//! [`HttpServer::ca_file`] is the PEM file to trust it by.
+//!
+//! Paths (a query is ignored): `/slow/MS` answers after MS milliseconds;
+//! `/drip/MS` sends the head at once and the body (`drip`) after MS
+//! milliseconds; `/big/N` answers N
 //! bytes; `/echo` answers the request's body; any other path answers the
 //! body set with [`HttpServer::set`] (404 when none), with an `ETag` (304
 //! to a matching `If-None-Match`).
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
+use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -38,11 +45,38 @@ struct State {
 pub struct HttpServer {
     address: SocketAddr,
     state: Arc<Mutex<State>>,
+    /// HTTPS: the PEM file of the server's certificate.
+    ca_file: Option<tempfile::NamedTempFile>,
 }
 
 impl HttpServer {
     /// Starts a server on a free loopback port.
     pub fn start() -> Self {
+        Self::serve_on(None)
+    }
+
+    /// Starts an HTTPS server on a free loopback port, with a self-signed
+    /// certificate for `127.0.0.1` and `localhost` (see [`Self::ca_file`]).
+    pub fn start_tls() -> Self {
+        let names = vec!["127.0.0.1".to_owned(), "localhost".to_owned()];
+        let rcgen::CertifiedKey { cert, signing_key } =
+            rcgen::generate_simple_self_signed(names).expect("a self-signed certificate");
+        let mut ca_file = tempfile::NamedTempFile::new().expect("a temporary file");
+        ca_file.write_all(cert.pem().as_bytes()).expect("write the certificate");
+        let key = rustls::pki_types::PrivateKeyDer::Pkcs8(signing_key.serialize_der().into());
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("ring supports the default protocol versions")
+            .with_no_client_auth()
+            .with_single_cert(vec![cert.der().clone()], key)
+            .expect("a server configuration");
+        let mut server = Self::serve_on(Some(Arc::new(config)));
+        server.ca_file = Some(ca_file);
+        server
+    }
+
+    fn serve_on(tls: Option<Arc<rustls::ServerConfig>>) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
         let address = listener.local_addr().expect("the listener's address");
         let state = Arc::new(Mutex::new(State::default()));
@@ -50,10 +84,26 @@ impl HttpServer {
         std::thread::spawn(move || {
             for stream in listener.incoming() {
                 let (Ok(stream), Some(state)) = (stream, shared.upgrade()) else { return };
-                std::thread::spawn(move || serve(stream, &state));
+                let tls = tls.clone();
+                std::thread::spawn(move || match tls {
+                    None => serve(stream, &state),
+                    Some(config) => {
+                        let Ok(connection) = rustls::ServerConnection::new(config) else { return };
+                        let mut stream = rustls::StreamOwned::new(connection, stream);
+                        serve(&mut stream, &state);
+                        stream.conn.send_close_notify();
+                        let _ = stream.flush();
+                    }
+                });
             }
         });
-        Self { address, state }
+        Self { address, state, ca_file: None }
+    }
+
+    /// The PEM file of an HTTPS server's certificate: what a client must
+    /// trust to reach it. `None` for plain HTTP.
+    pub fn ca_file(&self) -> Option<&Path> {
+        self.ca_file.as_ref().map(tempfile::NamedTempFile::path)
     }
 
     /// The server's address.
@@ -61,9 +111,10 @@ impl HttpServer {
         self.address
     }
 
-    /// `http://127.0.0.1:PORT` + `path`.
+    /// `http://127.0.0.1:PORT` + `path` (`https://` for an HTTPS server).
     pub fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.address)
+        let scheme = if self.ca_file.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}{path}", self.address)
     }
 
     /// Answers `path` with `body` from now on.
@@ -86,9 +137,8 @@ fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
     state.lock().unwrap_or_else(|poison| poison.into_inner())
 }
 
-fn serve(stream: TcpStream, state: &Mutex<State>) {
-    let Ok(mut writer) = stream.try_clone() else { return };
-    let mut reader = BufReader::new(stream);
+fn serve(mut stream: impl Read + Write, state: &Mutex<State>) {
+    let mut reader = BufReader::new(&mut stream);
     let mut line = String::new();
     if reader.read_line(&mut line).is_err() {
         return;
@@ -115,6 +165,15 @@ fn serve(stream: TcpStream, state: &Mutex<State>) {
     let body = lock(state).bodies.get(&path).cloned();
     lock(state).received.push(Received { method, path: path.clone(), headers, body: request_body.clone() });
     let route = path.split('?').next().unwrap_or_default();
+    if let Some(ms) = route.strip_prefix("/drip/") {
+        let writer = reader.get_mut();
+        let _ = writer
+            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\nconnection: close\r\n\r\n")
+            .and_then(|()| writer.flush());
+        std::thread::sleep(Duration::from_millis(ms.parse().unwrap_or(0)));
+        let _ = writer.write_all(b"drip\n").and_then(|()| writer.flush());
+        return;
+    }
     let (status, body, etag) = if route == "/echo" {
         ("200 OK", request_body, None)
     } else if let Some(ms) = route.strip_prefix("/slow/") {
@@ -138,5 +197,9 @@ fn serve(stream: TcpStream, state: &Mutex<State>) {
     let etag = etag.map(|etag| format!("etag: {etag}\r\n")).unwrap_or_default();
     let head =
         format!("HTTP/1.1 {status}\r\ncontent-length: {}\r\n{etag}connection: close\r\n\r\n", body.len());
-    let _ = writer.write_all(head.as_bytes()).and_then(|()| writer.write_all(&body));
+    let writer = reader.get_mut();
+    let _ = writer
+        .write_all(head.as_bytes())
+        .and_then(|()| writer.write_all(&body))
+        .and_then(|()| writer.flush());
 }

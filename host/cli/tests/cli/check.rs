@@ -88,3 +88,34 @@ fn an_allowed_outbound_host_that_is_not_one_is_refused_naming_it_and_what_is_all
     let (code, out) = cli(&config, None, &["check"]);
     assert_eq!(code, 0, "{out}");
 }
+
+#[test]
+fn an_outbound_ca_file_that_holds_no_certificate_or_is_missing_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("not-a-ca.pem"), "hello\n").unwrap();
+    let check = |config: &std::path::Path| {
+        let output =
+            std::process::Command::new(binary()).arg("--config").arg(config).arg("check").output().unwrap();
+        (output.status.code(), String::from_utf8_lossy(&output.stderr).into_owned())
+    };
+    let extra = "outbound_ca_file = \"not-a-ca.pem\"";
+    let config = write_config(dir.path(), &[("fetcher", FETCHER, extra)], "");
+    let (code, out) = check(&config);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("plugin \"fetcher\": outbound_ca_file")
+            && out.contains("not-a-ca.pem: holds no certificate"),
+        "{out}"
+    );
+    let extra = "outbound_ca_file = \"missing.pem\"";
+    let config = write_config(dir.path(), &[("fetcher", FETCHER, extra)], "");
+    let (code, out) = check(&config);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("`outbound_ca_file`: no file at") && out.contains("missing.pem"), "{out}");
+    let server = pulse_testkit::HttpServer::start_tls();
+    let ca = server.ca_file().expect("an HTTPS server").display().to_string();
+    let extra = format!("outbound_ca_file = {ca:?}");
+    let config = write_config(dir.path(), &[("fetcher", FETCHER, &extra)], "");
+    let (code, out) = check(&config);
+    assert_eq!(code, Some(0), "{out}");
+}

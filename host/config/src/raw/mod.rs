@@ -123,6 +123,7 @@ struct Plugin {
     max_concurrent_calls: Option<Spanned<u64>>,
     #[serde(default)]
     allowed_outbound_hosts: Vec<String>,
+    outbound_ca_file: Option<Spanned<String>>,
     #[serde(default)]
     limits: PluginLimits,
     #[serde(default)]
@@ -138,6 +139,7 @@ struct Schedule {
     interval: Spanned<String>,
     #[serde(default)]
     allowed_outbound_hosts: Vec<String>,
+    outbound_ca_file: Option<Spanned<String>>,
     #[serde(default)]
     limits: PluginLimits,
     #[serde(default)]
@@ -286,6 +288,10 @@ impl File {
                     MAX_CONCURRENT_CALLS,
                 ) as usize,
                 allowed_outbound_hosts: plugin.allowed_outbound_hosts,
+                outbound_ca_file: plugin
+                    .outbound_ca_file
+                    .as_ref()
+                    .map(|file| check.file("outbound_ca_file", base, file)),
                 limits,
                 settings: check.settings(base, plugin.settings),
             });
@@ -314,6 +320,10 @@ impl File {
                 pool,
                 interval,
                 allowed_outbound_hosts: schedule.allowed_outbound_hosts,
+                outbound_ca_file: schedule
+                    .outbound_ca_file
+                    .as_ref()
+                    .map(|file| check.file("outbound_ca_file", base, file)),
                 limits,
                 settings: check.settings(base, schedule.settings),
             });

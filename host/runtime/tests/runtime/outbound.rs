@@ -5,7 +5,9 @@
 
 use std::time::Duration;
 
-use pulse_runtime::{AllowedHost, CallError, Isolation, Job, Outbound, Plugin, PluginOptions, Runtime};
+use pulse_runtime::{
+    AllowedHost, CallError, Isolation, Job, Outbound, OutboundTls, Plugin, PluginOptions, Recorder, Runtime,
+};
 use pulse_testkit::HttpServer;
 use pulse_testkit::plugins::FETCHER;
 
@@ -14,7 +16,7 @@ use crate::{PATIENCE, load, options, runner, runtime};
 /// `fetcher` in job isolation, allowed to reach `server` only, with
 /// `limits`; with the runtime that runs it.
 fn fetcher(server: &HttpServer, limits: Outbound) -> (Runtime, Plugin) {
-    let allowed = vec![format!("http://{}", server.address()).parse::<AllowedHost>().unwrap()];
+    let allowed = vec![server.url("").parse::<AllowedHost>().unwrap()];
     let options = PluginOptions { outbound: Outbound { allowed, ..limits }, ..options(Isolation::Job, &[]) };
     let runtime = runtime();
     let plugin = load(&runtime, FETCHER, options);
@@ -25,6 +27,16 @@ fn fetcher(server: &HttpServer, limits: Outbound) -> (Runtime, Plugin) {
 /// notifications poll).
 fn job(key: &str, url: &str) -> Job {
     Job::new(key, format!("{url} 3600000"))
+}
+
+/// Fences job `key` once `server` received a request for `path`.
+async fn fence_once_received(server: &HttpServer, path: &str, recorder: &Recorder, key: &str) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while server.count(path) == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "the request never reached the server");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    recorder.fence(key);
 }
 
 fn texts(events: &[Vec<u8>]) -> Vec<String> {
@@ -154,17 +166,72 @@ async fn a_fenced_job_sends_nothing_and_its_request_in_flight_is_cancelled() {
     // the fetcher's own error (its emit is refused too), not the call
     // timeout (10 s), long before the server would answer (60 s).
     let url = server.url("/slow/60000");
-    let fence = async {
-        let deadline = tokio::time::Instant::now() + PATIENCE;
-        while server.count("/slow/60000") == 0 {
-            assert!(tokio::time::Instant::now() < deadline, "the request never reached the server");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        recorder.fence("in-flight");
-    };
-    let (started, ()) = tokio::join!(runner.start(job("in-flight", &url)), fence);
+    let (started, ()) = tokio::join!(
+        runner.start(job("in-flight", &url)),
+        fence_once_received(&server, "/slow/60000", &recorder, "in-flight")
+    );
     assert!(
         !matches!(started, Err(CallError::Timeout(_))),
         "the request went on after the fence fell: {started:?}"
     );
+}
+
+#[tokio::test]
+async fn a_response_still_arriving_when_the_fence_falls_is_cut_off() {
+    let server = HttpServer::start();
+    // Without the fence, reading the body would wait for it (60 s) past
+    // the call's timeout (10 s).
+    let limits = Outbound { first_byte_timeout: Duration::from_secs(60), ..Outbound::default() };
+    let (_runtime, plugin) = fetcher(&server, limits);
+    let (runner, recorder) = runner(&plugin);
+    let url = server.url("/drip/60000");
+    let (started, ()) = tokio::join!(
+        runner.start(job("dripping", &url)),
+        fence_once_received(&server, "/drip/60000", &recorder, "dripping")
+    );
+    assert!(
+        !matches!(started, Err(CallError::Timeout(_))),
+        "the response's body was still read after the fence fell: {started:?}"
+    );
+    let emitted = texts(&recorder.emitted("dripping"));
+    assert!(
+        matches!(emitted.as_slice(), [event] if event.starts_with("error ") && event.to_lowercase().contains("denied")),
+        "the fetcher read more than the head: {emitted:?}"
+    );
+}
+
+#[tokio::test]
+async fn https_reaches_a_server_signed_by_the_ca_file_and_not_one_the_webpki_roots_do_not_know() {
+    let server = HttpServer::start_tls();
+    server.set("/status", b"secure");
+    let ca_file = server.ca_file().expect("an HTTPS server");
+    let tls = OutboundTls::with_ca_file(ca_file).unwrap();
+    let (_runtime, plugin) = fetcher(&server, Outbound { tls, ..Outbound::default() });
+    let (runner, recorder) = runner(&plugin);
+    runner.start(job("trusted", &server.url("/status"))).await.unwrap();
+    assert_eq!(texts(&recorder.emitted("trusted")), vec!["200 secure".to_owned()]);
+    assert_eq!(server.count("/status"), 1);
+
+    // The webpki roots alone: the handshake fails, nothing is sent.
+    let (_runtime, plugin) = fetcher(&server, Outbound::default());
+    let (untrusted, recorder) = crate::runner(&plugin);
+    untrusted.start(job("untrusted", &server.url("/status"))).await.unwrap();
+    let emitted = texts(&recorder.emitted("untrusted"));
+    assert!(
+        matches!(emitted.as_slice(), [event] if event.starts_with("error ") && event.contains("TlsCertificateError")),
+        "{emitted:?}"
+    );
+    assert_eq!(server.count("/status"), 1, "a request went through a handshake with an untrusted server");
+}
+
+#[test]
+fn a_ca_file_without_certificates_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty.pem");
+    std::fs::write(&empty, "no certificate here\n").unwrap();
+    let error = OutboundTls::with_ca_file(&empty).unwrap_err().to_string();
+    assert!(error.contains("empty.pem") && error.contains("no certificate"), "{error}");
+    let missing = dir.path().join("missing.pem");
+    let error = OutboundTls::with_ca_file(&missing).unwrap_err().to_string();
+    assert!(error.contains("missing.pem") && error.contains("expected PEM certificates"), "{error}");
 }

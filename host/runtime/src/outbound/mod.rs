@@ -1,0 +1,230 @@
+//! Outgoing HTTP (`wasi:http/outgoing-handler`): what a plugin may reach.
+//!
+//! A plugin reaches nothing unless its allow-list names the destination
+//! ([`AllowedHost`]: scheme, host or `*.`-suffix, port or any). The check
+//! applies to the URI the request is sent to, built from the scheme and
+//! authority the guest set; the guest cannot set a `Host` header (wasi-http
+//! forbids it and writes it from the authority), so a header cannot point a
+//! request elsewhere. Redirects are answers like any other: nothing follows
+//! them. A request is sent only while the job that makes it may run (its
+//! worker's fence is up and it still owns the job); one in flight when that
+//! ends is cancelled. Denials answer the guest `HTTP-request-denied` (an
+//! error, not a trap), and are logged and counted.
+//!
+//! # Layout
+//! - this file: the limits, and the hook every request of an instance
+//!   goes through (allow-list, fence, requests in flight, metrics).
+//! - `rules`: allow-list entries, parsed and matched.
+//! - `send`: the connection, TLS (webpki roots plus a plugin's CA file)
+//!   and the timeouts of one request.
+
+mod rules;
+mod send;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use wasmtime_wasi_http::{Error as HttpError, RequestOptions, WasiBody, WasiHttpHooks};
+
+pub use rules::{AllowedHost, AllowedHostError};
+use send::{Bounds, Sent, StillRuns};
+pub use send::{OutboundTls, OutboundTlsError};
+
+use crate::metrics::PluginMetrics;
+use crate::outputs::JobOutputs;
+
+/// What a plugin may reach over HTTP, and within which limits.
+///
+/// Defaults: no destination allowed; `connect_timeout` 5 s;
+/// `first_byte_timeout` 10 s (also between two frames of the body);
+/// `max_response_bytes` 4 MiB; `max_requests` 8 in flight per instance;
+/// `tls` trusts the webpki roots.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outbound {
+    /// The destinations requests may go to.
+    pub allowed: Vec<AllowedHost>,
+    /// Longest wait for a connection.
+    pub connect_timeout: Duration,
+    /// Longest wait for the response's head, and between two frames of its
+    /// body.
+    pub first_byte_timeout: Duration,
+    /// Largest response body, in bytes.
+    pub max_response_bytes: u64,
+    /// Requests one instance may have in flight at once.
+    pub max_requests: u32,
+    /// The certificate authorities HTTPS requests trust.
+    pub tls: OutboundTls,
+}
+
+impl Default for Outbound {
+    fn default() -> Self {
+        Self {
+            allowed: Vec::new(),
+            connect_timeout: Duration::from_secs(5),
+            first_byte_timeout: Duration::from_secs(10),
+            max_response_bytes: 4 << 20,
+            max_requests: 8,
+            tls: OutboundTls::default(),
+        }
+    }
+}
+
+impl Outbound {
+    /// Whether any entry allows the destination.
+    pub fn allows(&self, https: bool, host: &str, port: u16) -> bool {
+        self.allowed.iter().any(|entry| entry.allows(https, host, port))
+    }
+}
+
+/// How an instance's requests are checked and sent.
+pub(crate) struct OutboundHooks {
+    rules: Arc<Outbound>,
+    outputs: Arc<dyn JobOutputs>,
+    /// The job whose call the instance runs now: its requests are its.
+    current: String,
+    /// Whether requests are fenced by their job (a producer's are not: it
+    /// runs no job).
+    fenced: bool,
+    in_flight: Arc<AtomicU32>,
+    metrics: Arc<PluginMetrics>,
+    plugin: Arc<str>,
+}
+
+impl OutboundHooks {
+    pub(crate) fn new(
+        plugin: &str,
+        rules: Arc<Outbound>,
+        outputs: Arc<dyn JobOutputs>,
+        metrics: Arc<PluginMetrics>,
+        fenced: bool,
+    ) -> Self {
+        Self {
+            rules,
+            outputs,
+            current: String::new(),
+            fenced,
+            in_flight: Arc::default(),
+            metrics,
+            plugin: plugin.into(),
+        }
+    }
+
+    /// A call of job `key` begins: its requests are fenced by that job.
+    pub(crate) fn enter(&mut self, key: &str) {
+        key.clone_into(&mut self.current);
+    }
+}
+
+type Answer = Result<(http::Response<WasiBody>, Sent), HttpError>;
+
+/// How often a request waiting for its answer checks that its job may
+/// still run.
+const FENCE_CHECK: Duration = Duration::from_millis(50);
+
+impl WasiHttpHooks for OutboundHooks {
+    fn send_request(
+        &mut self,
+        request: http::Request<WasiBody>,
+        options: Option<RequestOptions>,
+        fut: Sent,
+    ) -> Box<dyn Future<Output = Answer> + Send> {
+        drop(fut);
+        let key = self.current.clone();
+        let fenced = self.fenced;
+        let uri = request.uri();
+        let https = uri.scheme() == Some(&http::uri::Scheme::HTTPS);
+        let host = uri.host().unwrap_or_default().to_owned();
+        let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
+        let destination = format!("{}://{host}:{port}", if https { "https" } else { "http" });
+        let denied = |why: &'static str| {
+            tracing::warn!(plugin = %self.plugin, job.key = %key, %destination, "outgoing HTTP request denied: {why}");
+            self.metrics.http_denied.increment(1);
+            Box::new(std::future::ready(Err(HttpError::HttpRequestDenied)))
+                as Box<dyn Future<Output = Answer> + Send>
+        };
+        if !self.rules.allows(https, &host, port) {
+            return denied("the destination is not in allowed_outbound_hosts");
+        }
+        if fenced && !self.outputs.may_run(&key) {
+            return denied("the job no longer runs here");
+        }
+        if self.in_flight.load(Ordering::Relaxed) >= self.rules.max_requests {
+            return denied("the instance has limits.http_requests requests in flight");
+        }
+        let rules = self.rules.clone();
+        let still_runs = fenced.then(|| {
+            let (outputs, key, destination) = (self.outputs.clone(), key.clone(), destination.clone());
+            let metrics = self.metrics.clone();
+            let told = std::sync::atomic::AtomicBool::new(false);
+            Arc::new(move || {
+                let runs = outputs.may_run(&key);
+                if !runs && !told.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(job.key = %key, %destination, "outgoing HTTP response cut off: the job no longer runs here");
+                    metrics.http_denied.increment(1);
+                }
+                runs
+            }) as StillRuns
+        });
+        let bounds = Bounds {
+            connect: shorter(options.and_then(|o| o.connect_timeout), rules.connect_timeout),
+            first_byte: shorter(options.and_then(|o| o.first_byte_timeout), rules.first_byte_timeout),
+            between_bytes: shorter(options.and_then(|o| o.between_bytes_timeout), rules.first_byte_timeout),
+            body_bytes: rules.max_response_bytes,
+            still_runs,
+        };
+        let guard = InFlight::enter(&self.in_flight);
+        let outputs = self.outputs.clone();
+        let metrics = self.metrics.clone();
+        let started = std::time::Instant::now();
+        Box::new(async move {
+            let _guard = guard;
+            let fence = async {
+                if !fenced {
+                    return std::future::pending().await;
+                }
+                loop {
+                    tokio::time::sleep(FENCE_CHECK).await;
+                    if !outputs.may_run(&key) {
+                        return;
+                    }
+                }
+            };
+            let sent = tokio::select! {
+                sent = send::send(request, bounds, &rules.tls) => sent,
+                () = fence => {
+                    tracing::warn!(job.key = %key, %destination, "outgoing HTTP request cancelled: the job no longer runs here");
+                    metrics.http_denied.increment(1);
+                    return Err(HttpError::HttpRequestDenied);
+                }
+            };
+            metrics.http_request(
+                &host,
+                sent.as_ref().map(|(response, _)| response.status().as_u16()).ok(),
+                started.elapsed(),
+            );
+            sent
+        })
+    }
+}
+
+/// The shorter of what the guest asked (if anything) and the limit.
+fn shorter(asked: Option<Duration>, limit: Duration) -> Duration {
+    asked.map_or(limit, |asked| asked.min(limit))
+}
+
+/// Counts an instance's requests in flight.
+struct InFlight(Arc<AtomicU32>);
+
+impl InFlight {
+    fn enter(counter: &Arc<AtomicU32>) -> Self {
+        counter.fetch_add(1, Ordering::Relaxed);
+        Self(counter.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,297 @@
+//! Sending an allowed request: one connection per request (HTTP/1.1,
+//! through rustls for `https`), each step within its timeout.
+//!
+//! The same steps as wasmtime-wasi-http's `default_send_request`, with the
+//! TLS configuration built once per plugin rather than per request, and
+//! with the certificate authorities of the plugin's `outbound_ca_file`
+//! trusted beside the webpki roots.
+
+use std::future::poll_fn;
+use std::path::{Path, PathBuf};
+use std::pin::{Pin, pin};
+use std::sync::{Arc, LazyLock};
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::BodyExt as _;
+use rustls::pki_types::pem::PemObject as _;
+use rustls::pki_types::{CertificateDer, ServerName};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+use wasmtime_wasi_http::io::TokioIo;
+use wasmtime_wasi_http::{Error as HttpError, WasiBody};
+
+/// The certificate authorities a plugin's HTTPS requests trust: the webpki
+/// roots, and those of its `outbound_ca_file` if it has one.
+#[derive(Clone)]
+pub struct OutboundTls {
+    config: Arc<rustls::ClientConfig>,
+    ca_file: Option<PathBuf>,
+}
+
+/// Why a CA file was refused: names the file, what was wrong, and what is
+/// expected.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {why}", path.display())]
+pub struct OutboundTlsError {
+    path: PathBuf,
+    why: String,
+}
+
+const EXPECTED: &str = "expected PEM certificates (\"-----BEGIN CERTIFICATE-----\")";
+
+/// The webpki roots alone, built once for every plugin without a CA file.
+static WEBPKI: LazyLock<Arc<rustls::ClientConfig>> = LazyLock::new(|| client_config(webpki_roots()));
+
+fn webpki_roots() -> rustls::RootCertStore {
+    rustls::RootCertStore { roots: webpki_roots::TLS_SERVER_ROOTS.to_vec() }
+}
+
+fn client_config(roots: rustls::RootCertStore) -> Arc<rustls::ClientConfig> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("ring supports the default protocol versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Arc::new(config)
+}
+
+impl Default for OutboundTls {
+    fn default() -> Self {
+        Self { config: WEBPKI.clone(), ca_file: None }
+    }
+}
+
+impl OutboundTls {
+    /// The webpki roots and every certificate of the PEM file at `path`.
+    pub fn with_ca_file(path: &Path) -> Result<Self, OutboundTlsError> {
+        let refuse = |why: String| OutboundTlsError { path: path.to_owned(), why };
+        let certificates = CertificateDer::pem_file_iter(path)
+            .map_err(|error| refuse(format!("{error}: {EXPECTED}")))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|error| refuse(format!("{error}: {EXPECTED}")))?;
+        if certificates.is_empty() {
+            return Err(refuse(format!("holds no certificate: {EXPECTED}")));
+        }
+        let mut roots = webpki_roots();
+        for (index, certificate) in certificates.into_iter().enumerate() {
+            roots.add(certificate).map_err(|error| {
+                refuse(format!("certificate {} is not a usable authority: {error}", index + 1))
+            })?;
+        }
+        Ok(Self { config: client_config(roots), ca_file: Some(path.to_owned()) })
+    }
+
+    /// The CA file trusted beside the webpki roots, if any.
+    pub fn ca_file(&self) -> Option<&Path> {
+        self.ca_file.as_deref()
+    }
+}
+
+impl PartialEq for OutboundTls {
+    fn eq(&self, other: &Self) -> bool {
+        self.ca_file == other.ca_file
+    }
+}
+
+impl Eq for OutboundTls {}
+
+impl std::fmt::Debug for OutboundTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OutboundTls").field("ca_file", &self.ca_file).finish_non_exhaustive()
+    }
+}
+
+/// Whether the job that made a request may still run (see
+/// `JobOutputs::may_run`).
+pub(super) type StillRuns = Arc<dyn Fn() -> bool + Send + Sync>;
+
+/// How often a response body being read checks that its job may still
+/// run.
+const FENCE_CHECK: Duration = Duration::from_millis(50);
+
+/// The timeouts of one request, the size of its response's body, and the
+/// fence its body is read under.
+pub(super) struct Bounds {
+    pub connect: Duration,
+    pub first_byte: Duration,
+    pub between_bytes: Duration,
+    pub body_bytes: u64,
+    /// `None`: not fenced (a producer's request).
+    pub still_runs: Option<StillRuns>,
+}
+
+pub(super) type Sent = Box<dyn Future<Output = Result<(), HttpError>> + Send>;
+
+trait Io: AsyncRead + AsyncWrite + Send + Sync + Unpin + 'static {}
+impl<T: AsyncRead + AsyncWrite + Send + Sync + Unpin + 'static> Io for T {}
+
+/// Sends `request` to the authority of its URI (already checked against
+/// the allow-list) and returns the response's head with its body, and the
+/// connection's own end.
+pub(super) async fn send(
+    mut request: http::Request<WasiBody>,
+    bounds: Bounds,
+    tls: &OutboundTls,
+) -> Result<(http::Response<WasiBody>, Sent), HttpError> {
+    let uri = request.uri();
+    let authority = uri.authority().ok_or(HttpError::HttpRequestUriInvalid)?;
+    let https = uri.scheme() == Some(&http::uri::Scheme::HTTPS);
+    let host = authority.host().to_owned();
+    let port = authority.port_u16().unwrap_or(if https { 443 } else { 80 });
+    // An IPv6 address keeps its brackets in the URI, not in the name.
+    let bare = host.trim_start_matches('[').trim_end_matches(']').to_owned();
+    let tcp = match tokio::time::timeout(bounds.connect, TcpStream::connect((bare.as_str(), port))).await {
+        Ok(tcp) => tcp.map_err(HttpError::Connect)?,
+        Err(_) => return Err(HttpError::ConnectionTimeout),
+    };
+    let _ = tcp.set_nodelay(true);
+    let stream: Box<dyn Io> = if https {
+        let name = match bare.parse::<std::net::IpAddr>() {
+            Ok(ip) => ServerName::from(ip),
+            Err(_) => ServerName::try_from(bare).map_err(|_| HttpError::HttpRequestUriInvalid)?,
+        };
+        let connector = tokio_rustls::TlsConnector::from(tls.config.clone());
+        match tokio::time::timeout(bounds.connect, connector.connect(name, tcp)).await {
+            Ok(Ok(stream)) => Box::new(stream),
+            Ok(Err(error)) => {
+                tracing::warn!(%host, port, error = %error, "TLS handshake of an outgoing request failed");
+                return Err(tls_error(&error));
+            }
+            Err(_) => return Err(HttpError::ConnectionTimeout),
+        }
+    } else {
+        Box::new(tcp)
+    };
+    let handshake = hyper::client::conn::http1::Builder::new().handshake(TokioIo::new(stream));
+    let (mut sender, connection) =
+        tokio::time::timeout(bounds.connect, handshake).await.map_err(|_| HttpError::ConnectionTimeout)??;
+    // The request line names the path only: scheme and authority are for
+    // a proxy.
+    let path = request.uri().path_and_query().map_or("/", |p| p.as_str()).to_owned();
+    *request.uri_mut() =
+        http::Uri::builder().path_and_query(path).build().map_err(|_| HttpError::HttpRequestUriInvalid)?;
+
+    let response = async move {
+        let response = tokio::time::timeout(bounds.first_byte, sender.send_request(request))
+            .await
+            .map_err(|_| HttpError::ConnectionReadTimeout)??;
+        Ok::<_, HttpError>(response)
+    };
+    let mut response = pin!(response);
+    let mut connection = Some(connection);
+    // The response, while the connection's I/O is driven.
+    let response = poll_fn(|cx| match response.as_mut().poll(cx) {
+        Poll::Ready(answer) => Poll::Ready(answer),
+        Poll::Pending => {
+            let Some(driving) = connection.as_mut() else { return Poll::Pending };
+            let ended = ready!(Pin::new(driving).poll(cx));
+            connection = None;
+            match ended {
+                Ok(()) => response.as_mut().poll(cx),
+                Err(error) => Poll::Ready(Err(HttpError::from(error))),
+            }
+        }
+    })
+    .await?;
+    let response = response.map(|incoming| Bounded::new(incoming, bounds).boxed_unsync());
+    let rest: Sent = Box::new(async move {
+        let Some(connection) = connection else { return Ok(()) };
+        connection.await.map_err(|error| {
+            if error.is_timeout() { HttpError::HttpResponseTimeout } else { HttpError::from(error) }
+        })
+    });
+    Ok((response, rest))
+}
+
+/// The wasi-http error of a failed TLS handshake: an untrusted or
+/// invalid certificate, an alert from the server, or another protocol
+/// error.
+fn tls_error(error: &std::io::Error) -> HttpError {
+    match error.get_ref().and_then(|inner| inner.downcast_ref::<rustls::Error>()) {
+        Some(rustls::Error::InvalidCertificate(_)) => HttpError::TlsCertificateError,
+        Some(rustls::Error::AlertReceived(alert)) => HttpError::TlsAlertReceived {
+            alert_id: Some(u8::from(*alert)),
+            alert_message: Some(format!("{alert:?}")),
+        },
+        _ => HttpError::TlsProtocolError,
+    }
+}
+
+/// A response body that fails with `connection-read-timeout` when no
+/// frame arrives for `between_bytes`, with `HTTP-response-body-size` once
+/// it passes `body_bytes`, and with `HTTP-request-denied` once its job may
+/// no longer run (checked before each frame is handed on, and every
+/// [`FENCE_CHECK`] while one is awaited): a response still arriving when
+/// the fence falls is cut off, its connection closed.
+struct Bounded {
+    incoming: hyper::body::Incoming,
+    timeout: tokio::time::Interval,
+    left: u64,
+    limit: u64,
+    fence: Option<(StillRuns, tokio::time::Interval)>,
+}
+
+impl Bounded {
+    fn new(incoming: hyper::body::Incoming, bounds: Bounds) -> Self {
+        // (A zero period would make the interval panic.)
+        let mut timeout = tokio::time::interval(bounds.between_bytes.max(Duration::from_nanos(1)));
+        timeout.reset();
+        let fence = bounds.still_runs.map(|still_runs| (still_runs, tokio::time::interval(FENCE_CHECK)));
+        Self { incoming, timeout, left: bounds.body_bytes, limit: bounds.body_bytes, fence }
+    }
+
+    /// Whether the job may still run; wakes the reader at the next check.
+    fn still_runs(&mut self, cx: &mut Context<'_>) -> bool {
+        let Some((still_runs, checks)) = &mut self.fence else { return true };
+        while checks.poll_tick(cx).is_ready() {}
+        still_runs()
+    }
+}
+
+impl http_body::Body for Bounded {
+    type Data = Bytes;
+    type Error = HttpError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, HttpError>>> {
+        if !self.still_runs(cx) {
+            return Poll::Ready(Some(Err(HttpError::HttpRequestDenied)));
+        }
+        let frame = match Pin::new(&mut self.incoming).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => frame,
+            Poll::Ready(Some(Err(error))) => {
+                return Poll::Ready(Some(Err(if error.is_timeout() {
+                    HttpError::HttpResponseTimeout
+                } else {
+                    HttpError::from(error)
+                })));
+            }
+            Poll::Ready(None) => return Poll::Ready(None),
+            Poll::Pending => {
+                ready!(self.timeout.poll_tick(cx));
+                return Poll::Ready(Some(Err(HttpError::ConnectionReadTimeout)));
+            }
+        };
+        self.timeout.reset();
+        let size = frame.data_ref().map_or(0, |data| data.len() as u64);
+        if size > self.left {
+            self.left = 0;
+            return Poll::Ready(Some(Err(HttpError::HttpResponseBodySize(Some(self.limit)))));
+        }
+        self.left -= size;
+        Poll::Ready(Some(Ok(frame)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        http_body::Body::is_end_stream(&self.incoming)
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::Body::size_hint(&self.incoming)
+    }
+}
