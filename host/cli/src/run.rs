@@ -152,13 +152,20 @@ pub fn node_options(config: &Config) -> NodeOptions {
 /// Not cancel safe: dropping it skips the leaving; the host's workers are
 /// then evicted when their leases end.
 pub async fn run(config: &Config, client: &redis::Client) -> anyhow::Result<()> {
+    // The process's root token: the HTTP server and every node take a
+    // child of it. Cancelled on the way out, it ends whatever did not end
+    // in order (after a second signal, the nodes still leaving: their
+    // workers fence themselves at once).
+    let root = tokio_util::sync::CancellationToken::new();
     // First: the API answers /healthz (and /readyz: not yet) while plugins
     // load, and the metrics recorder must exist before they take handles.
     let http = match &config.http {
-        Some(http) => Some(Http::start(http).await?),
+        Some(http) => Some(Http::start(http, root.child_token()).await?),
         None => None,
     };
-    let result = serve(config, client, http.as_ref().map(|h| &h.api)).await;
+    let options = NodeOptions { cancel: root.clone(), ..node_options(config) };
+    let result = serve(config, client, &options, http.as_ref().map(|h| &h.api)).await;
+    root.cancel();
     if let Some(http) = http {
         http.stop().await;
     }
@@ -185,7 +192,10 @@ struct Http {
 }
 
 impl Http {
-    async fn start(config: &pulse_config::HttpConfig) -> anyhow::Result<Self> {
+    async fn start(
+        config: &pulse_config::HttpConfig,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) -> anyhow::Result<Self> {
         let metrics = pulse_http::metrics::install();
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
@@ -204,7 +214,6 @@ impl Http {
                 names: config.allowed_hosts.clone(),
             },
         });
-        let shutdown = tokio_util::sync::CancellationToken::new();
         let serving = pulse_http::ServeOptions {
             header_timeout: config.header_timeout,
             idle_timeout: config.idle_timeout,
@@ -230,14 +239,20 @@ impl Http {
     }
 }
 
-async fn serve(config: &Config, client: &redis::Client, api: Option<&pulse_http::Api>) -> anyhow::Result<()> {
+async fn serve(
+    config: &Config,
+    client: &redis::Client,
+    options: &NodeOptions,
+    api: Option<&pulse_http::Api>,
+) -> anyhow::Result<()> {
     let loaded = load(config)?;
     let mut nodes: Vec<Arc<Node>> = Vec::new();
     let mut clients: Vec<Arc<Node>> = Vec::new();
     let mut schedules = Vec::new();
     let started = async {
-        join_pools(config, client, &loaded.plugins, &mut nodes).await?;
-        start_schedules(config, client, &loaded.producers, &nodes, &mut clients, &mut schedules).await?;
+        join_pools(config, client, options, &loaded.plugins, &mut nodes).await?;
+        start_schedules(config, client, options, &loaded.producers, &nodes, &mut clients, &mut schedules)
+            .await?;
         if let Some(api) = api {
             let pools = nodes.iter().map(|n| (n, true)).chain(clients.iter().map(|n| (n, false)));
             for (node, workers_here) in pools {
@@ -310,6 +325,7 @@ async fn serve(config: &Config, client: &redis::Client, api: Option<&pulse_http:
 async fn start_schedules(
     config: &Config,
     client: &redis::Client,
+    options: &NodeOptions,
     producers: &[pulse_runtime::Producer],
     nodes: &[Arc<Node>],
     clients: &mut Vec<Arc<Node>>,
@@ -320,7 +336,7 @@ async fn start_schedules(
             Some(node) => node.clone(),
             None => {
                 let node = Arc::new(
-                    Node::client(client, &schedule.pool, node_options(config))
+                    Node::client(client, &schedule.pool, options.clone())
                         .await
                         .with_context(|| format!("failed to reach pool {:?}", schedule.pool))?,
                 );
@@ -345,12 +361,13 @@ async fn start_schedules(
 async fn join_pools(
     config: &Config,
     client: &redis::Client,
+    options: &NodeOptions,
     plugins: &[pulse_runtime::Plugin],
     nodes: &mut Vec<Arc<Node>>,
 ) -> anyhow::Result<()> {
     for (plugin_config, plugin) in config.plugins.iter().zip(plugins) {
         let node = Arc::new(
-            Node::join(client, &plugin_config.pool, node_options(config))
+            Node::join(client, &plugin_config.pool, options.clone())
                 .await
                 .with_context(|| format!("failed to join pool {:?}", plugin_config.pool))?,
         );

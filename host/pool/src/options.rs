@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use tokio_util::sync::CancellationToken;
+
 /// Options of a node.
 ///
 /// Defaults:
@@ -24,7 +26,8 @@ use std::time::Duration;
 /// - `lease_ttl`: 10 s. A worker of a node that cannot renew its lease
 ///   stops running its jobs after `lease_ttl` minus a tenth; its jobs move
 ///   to other workers `lease_ttl` plus a fifth after its last renewal (the
-///   janitors wake then).
+///   janitors wake then);
+/// - `cancel`: a token of the node's own.
 #[derive(Debug, Clone)]
 pub struct NodeOptions {
     /// Jobs the pool holds at most (0: no limit).
@@ -49,6 +52,16 @@ pub struct NodeOptions {
     /// How long a worker's lease lasts without renewal (renewed every
     /// quarter of it).
     pub lease_ttl: Duration,
+    /// The node takes a child of this token for its tasks: a process
+    /// passes its root token to every node it joins. Cancelling it ends
+    /// the node abruptly, as the end of the process would: its workers
+    /// fence themselves at once (no handler call and no effect of their
+    /// jobs from then on) and stop, its leases are no longer renewed, and
+    /// its jobs move to other workers when the leases end. [`Node::close`]
+    /// is the orderly way out.
+    ///
+    /// [`Node::close`]: crate::Node::close
+    pub cancel: CancellationToken,
 }
 
 impl Default for NodeOptions {
@@ -64,6 +77,7 @@ impl Default for NodeOptions {
             events_max_bytes: 64 << 20,
             shutdown_timeout: Duration::from_secs(30),
             lease_ttl: Duration::from_secs(10),
+            cancel: CancellationToken::new(),
         }
     }
 }

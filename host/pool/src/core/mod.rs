@@ -72,6 +72,7 @@ impl Core {
         (slots, workers): (Map, Map),
         lease: Lease,
     ) -> Self {
+        let token = options.cancel.child_token();
         Self {
             replies: keys.replies(&id),
             metrics: crate::metrics::PoolMetrics::new(&keys.pool),
@@ -85,7 +86,7 @@ impl Core {
             waiters: Waiters::default(),
             lease,
             tasks: TaskTracker::new(),
-            token: CancellationToken::new(),
+            token,
             routing_retries: AtomicU64::new(0),
         }
     }

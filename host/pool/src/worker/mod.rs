@@ -203,6 +203,11 @@ impl<H: JobHandler> Worker<H> {
                 biased;
                 Some(end) = ended.recv() => self.on_ended(end),
                 Some(request) = control.recv() => return Exit::Control(request),
+                () = self.core.token.cancelled() => {
+                    // The node ends abruptly (see `NodeOptions::cancel`).
+                    self.fence.fence();
+                    return Exit::Closed;
+                }
                 Ok(()) = data_losses.changed() => return Exit::DataLost,
                 () = fence.evicted() => return Exit::Lost,
                 () = tokio::time::sleep_until(self.core.lease.fence_at()), if has_jobs => {

@@ -1,13 +1,16 @@
 //! Liveness under faults: idle readers that stay connected and hear at
 //! once, jobs listed on a worker that runs them, leaving and shutting down
 //! without starting jobs in vain, requests refused after a data loss
-//! answered as unavailable. Judged from the handlers' side.
+//! answered as unavailable, a node whose token is cancelled fenced at
+//! once. Judged from the handlers' side.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use pulse_pool::{ContextError, DispatchOutcome, HandlerError, Job, JobContext, JobHandler, Node};
+use pulse_pool::{
+    ContextError, DispatchOutcome, HandlerError, Job, JobContext, JobHandler, Node, NodeOptions,
+};
 use pulse_testkit::{RedisServer, unique};
 
 use crate::{Call, Calls, PATIENCE, Recording, finish, node, options};
@@ -301,4 +304,32 @@ async fn a_worker_whose_handler_panics_stops_holding_its_jobs_and_they_run_elsew
     dispatcher.close().await;
     buggy.close().await;
     finish(&pool, &[&sound]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_the_token_a_node_was_given_fences_its_workers_at_once() {
+    // A private server: the node ends abruptly and leaves its state.
+    let server = RedisServer::start();
+    let client = redis::Client::open(server.url()).unwrap();
+    let root = tokio_util::sync::CancellationToken::new();
+    // Its lease would keep the worker's fence up for 108 s: only the
+    // cancellation can bring it down within the wait below.
+    let options =
+        NodeOptions { lease_ttl: Duration::from_secs(120), cancel: root.child_token(), ..options() };
+    let node = Node::join(&client, "cancelled", options).await.unwrap();
+    let handler = Keeping::default();
+    node.add_worker(handler.clone()).await.unwrap();
+    assert_eq!(node.dispatch("job", b"").await.unwrap(), DispatchOutcome::Started);
+    let ctx = handler.contexts.lock().unwrap()["job"].clone();
+    assert!(ctx.is_live());
+
+    root.cancel();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while ctx.is_live() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the job may still run after its node's token was cancelled"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
