@@ -104,13 +104,13 @@ impl Check<'_> {
                 "limits.http_connect_timeout",
                 limits.http_connect_timeout.as_ref(),
                 secs(5),
-                HTTP_TIMEOUT_LIMIT,
+                OUTBOUND_TIMEOUT,
             ),
             http_first_byte_timeout: self.duration(
                 "limits.http_first_byte_timeout",
                 limits.http_first_byte_timeout.as_ref(),
                 secs(10),
-                HTTP_TIMEOUT_LIMIT,
+                OUTBOUND_TIMEOUT,
             ),
             http_response_bytes: self.size(
                 "limits.http_response_bytes",

@@ -38,7 +38,7 @@ const MAX_INSTANCES: RangeInclusive<u64> = 1..=100_000;
 const MEMORY: RangeInclusive<u64> = (64 << 10)..=(4 << 30);
 const CALL_TIMEOUT: RangeInclusive<Duration> = millis(1)..=secs(3600);
 const FUEL: RangeInclusive<u64> = 1..=(1 << 60);
-const HTTP_TIMEOUT_LIMIT: RangeInclusive<Duration> = millis(1)..=secs(3600);
+const OUTBOUND_TIMEOUT: RangeInclusive<Duration> = millis(1)..=secs(3600);
 const HTTP_RESPONSE_BYTES: RangeInclusive<u64> = 1..=(1 << 30);
 const HTTP_REQUESTS: RangeInclusive<u64> = 1..=1000;
 // 0: this host runs none of the pool's jobs; it dispatches into it (its API

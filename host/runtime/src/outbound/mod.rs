@@ -28,7 +28,7 @@ use std::time::Duration;
 use wasmtime_wasi_http::{Error as HttpError, RequestOptions, WasiBody, WasiHttpHooks};
 
 pub use rules::{AllowedHost, AllowedHostError};
-use send::{Bounds, Sent, StillRuns};
+use send::{Bounds, FENCE_CHECK, Sent, StillRuns};
 pub use send::{OutboundTls, OutboundTlsError};
 
 use crate::metrics::PluginMetrics;
@@ -118,10 +118,6 @@ impl OutboundHooks {
 
 type Answer = Result<(http::Response<WasiBody>, Sent), HttpError>;
 
-/// How often a request waiting for its answer checks that its job may
-/// still run.
-const FENCE_CHECK: Duration = Duration::from_millis(50);
-
 impl WasiHttpHooks for OutboundHooks {
     fn send_request(
         &mut self,
@@ -153,6 +149,8 @@ impl WasiHttpHooks for OutboundHooks {
             return denied("the instance has limits.http_requests requests in flight");
         }
         let rules = self.rules.clone();
+        // The fence of a request in flight, from sending until its body is
+        // read: told and counted once when it falls.
         let still_runs = fenced.then(|| {
             let (outputs, key, destination) = (self.outputs.clone(), key.clone(), destination.clone());
             let metrics = self.metrics.clone();
@@ -160,12 +158,13 @@ impl WasiHttpHooks for OutboundHooks {
             Arc::new(move || {
                 let runs = outputs.may_run(&key);
                 if !runs && !told.swap(true, Ordering::Relaxed) {
-                    tracing::warn!(job.key = %key, %destination, "outgoing HTTP response cut off: the job no longer runs here");
+                    tracing::warn!(job.key = %key, %destination, "outgoing HTTP request cancelled: the job no longer runs here");
                     metrics.http_denied.increment(1);
                 }
                 runs
             }) as StillRuns
         });
+        let waiting = still_runs.clone();
         let bounds = Bounds {
             connect: shorter(options.and_then(|o| o.connect_timeout), rules.connect_timeout),
             first_byte: shorter(options.and_then(|o| o.first_byte_timeout), rules.first_byte_timeout),
@@ -174,29 +173,23 @@ impl WasiHttpHooks for OutboundHooks {
             still_runs,
         };
         let guard = InFlight::enter(&self.in_flight);
-        let outputs = self.outputs.clone();
         let metrics = self.metrics.clone();
         let started = std::time::Instant::now();
         Box::new(async move {
             let _guard = guard;
+            // Until the response's head: the body checks for itself.
             let fence = async {
-                if !fenced {
-                    return std::future::pending().await;
-                }
+                let Some(still_runs) = waiting else { return std::future::pending().await };
                 loop {
                     tokio::time::sleep(FENCE_CHECK).await;
-                    if !outputs.may_run(&key) {
+                    if !still_runs() {
                         return;
                     }
                 }
             };
             let sent = tokio::select! {
                 sent = send::send(request, bounds, &rules.tls) => sent,
-                () = fence => {
-                    tracing::warn!(job.key = %key, %destination, "outgoing HTTP request cancelled: the job no longer runs here");
-                    metrics.http_denied.increment(1);
-                    return Err(HttpError::HttpRequestDenied);
-                }
+                () = fence => return Err(HttpError::HttpRequestDenied),
             };
             metrics.http_request(
                 &host,

@@ -83,11 +83,6 @@ impl OutboundTls {
         }
         Ok(Self { config: client_config(roots), ca_file: Some(path.to_owned()) })
     }
-
-    /// The CA file trusted beside the webpki roots, if any.
-    pub fn ca_file(&self) -> Option<&Path> {
-        self.ca_file.as_deref()
-    }
 }
 
 impl PartialEq for OutboundTls {
@@ -108,9 +103,9 @@ impl std::fmt::Debug for OutboundTls {
 /// `JobOutputs::may_run`).
 pub(super) type StillRuns = Arc<dyn Fn() -> bool + Send + Sync>;
 
-/// How often a response body being read checks that its job may still
-/// run.
-const FENCE_CHECK: Duration = Duration::from_millis(50);
+/// How often a request in flight (waiting for its answer, or reading its
+/// body) checks that its job may still run.
+pub(super) const FENCE_CHECK: Duration = Duration::from_millis(50);
 
 /// The timeouts of one request, the size of its response's body, and the
 /// fence its body is read under.
