@@ -94,6 +94,7 @@ impl JobContext {
     /// future is polled to completion.
     pub async fn save_state(&self, state: &[u8]) -> Result<(), ContextError> {
         self.check_size(state.len())?;
+        let losses = self.core.lease.losses(&self.fence);
         let keys = &self.core.keys;
         let done: i64 = self
             .run(
@@ -105,7 +106,7 @@ impl JobContext {
                     .arg(state),
             )
             .await?;
-        if done == 1 { Ok(()) } else { Err(self.refused().await) }
+        if done == 1 { Ok(()) } else { Err(self.refused(losses).await) }
     }
 
     /// Publishes an output event of the job on the pool's events stream
@@ -119,6 +120,7 @@ impl JobContext {
     /// future is polled to completion.
     pub async fn emit(&self, payload: &[u8]) -> Result<String, ContextError> {
         self.check_size(payload.len())?;
+        let losses = self.core.lease.losses(&self.fence);
         let keys = &self.core.keys;
         let id: String = self
             .run(
@@ -133,7 +135,7 @@ impl JobContext {
                     .arg(self.core.options.events_max_bytes),
             )
             .await?;
-        if id.is_empty() { Err(self.refused().await) } else { Ok(id) }
+        if id.is_empty() { Err(self.refused(losses).await) } else { Ok(id) }
     }
 
     /// Declares the job finished: it is removed from the pool and its
@@ -146,6 +148,7 @@ impl JobContext {
     /// Not cancel safe: once sent, the write happens whether or not the
     /// future is polled to completion.
     pub async fn complete(&self) -> Result<(), ContextError> {
+        let losses = self.core.lease.losses(&self.fence);
         let keys = &self.core.keys;
         let done: i64 = self
             .run(
@@ -159,7 +162,7 @@ impl JobContext {
             )
             .await?;
         if done != 1 {
-            return Err(self.refused().await);
+            return Err(self.refused(losses).await);
         }
         let _ = self.ended.send(Ended::Completed { key: self.key.clone(), token: self.token.clone() });
         Ok(())
@@ -175,8 +178,9 @@ impl JobContext {
     /// Not cancel safe: once sent, the write happens whether or not the
     /// future is polled to completion.
     pub async fn fail(&self, reason: &str) -> Result<(), ContextError> {
+        let losses = self.core.lease.losses(&self.fence);
         if !self.core.fail(&self.worker, &self.key, &self.token, reason, 0).await.map_err(unavailable)? {
-            return Err(self.refused().await);
+            return Err(self.refused(losses).await);
         }
         let _ = self.ended.send(Ended::Failed { key: self.key.clone(), token: self.token.clone() });
         Ok(())
@@ -191,10 +195,15 @@ impl JobContext {
     /// worker's any more ([`ContextError::NotOwned`]), unless Redis lost
     /// the pool's data and the worker has not written its jobs back yet;
     /// then the job is still its own and the request may succeed shortly
-    /// ([`ContextError::Unavailable`]). Costs one `GET` per refusal only.
-    async fn refused(&self) -> ContextError {
+    /// ([`ContextError::Unavailable`]). `losses`: what the worker knew of
+    /// losses when the request was sent (`Lease::losses`); a request sent
+    /// while a loss was pending and refused by then, but looked at after
+    /// the worker wrote its jobs back, is still the loss's doing. Costs one
+    /// `GET` per refusal only.
+    async fn refused(&self, losses: (u64, u64)) -> ContextError {
         let (known, pending) = self.core.lease.epoch_and_pending(&self.fence);
-        if pending {
+        let (lost, written_back) = losses;
+        if pending || lost > written_back || self.core.lease.losses(&self.fence) != losses {
             return lost_data();
         }
         let mut conn = self.core.conn.clone();

@@ -186,6 +186,14 @@ impl Lease {
         self.fence_now();
     }
 
+    /// What `fence`'s worker knows of losses of the pool's data: the last
+    /// loss (a generation) and the last one after which it wrote its jobs
+    /// back. Read before a job's request: a refusal is the loss's doing
+    /// when a loss was pending then, or either changed meanwhile.
+    pub(crate) fn losses(&self, fence: &WorkerFence) -> (u64, u64) {
+        (*self.data_lost.borrow(), fence.written_back.load(Ordering::Acquire))
+    }
+
     /// Whether `fence`'s worker has not written its jobs back since the
     /// last loss of the pool's data.
     pub(crate) fn data_loss_pending(&self, fence: &WorkerFence) -> bool {
