@@ -10,14 +10,17 @@
 //!
 //! - `runtime`: plugin compile and cached load time, instantiation latency,
 //!   call overhead at 16 B and 64 KiB, resident memory of idle instances.
-//! - `dispatch [noop|echo-job|echo-worker|echo-http|slow|slow-serial]…`:
+//! - `dispatch [noop|echo-job|echo-worker|echo-http|slow|slow-serial|batch]…`:
 //!   confirmed starts per second and their latency, with 1 and 32
 //!   concurrent dispatchers on a client-only node and 4 workers in another
 //!   process, running a no-op handler, or the `echo` plugin in job or in
 //!   worker isolation, or in worker isolation dispatched through the
 //!   host's HTTP API; or the `slow` plugin (starts waiting 50 ms, job
 //!   isolation) with 32 and 128 dispatchers, and with one call at a time
-//!   per worker (`slow-serial`, 128). Default: all but `slow-serial`.
+//!   per worker (`slow-serial`, 128); or in batches of 1,000 (`batch`:
+//!   `batch-pool` through the pool's `dispatch_batch` to no-op workers,
+//!   `batch-http` through `POST …/batch` to `echo-worker`; 1 and 4
+//!   batches in flight). Default: all but `slow-serial`.
 //!   Redis commands and CPU per job. Options: `--jobs N` (default 20,000;
 //!   5,000 for `echo-job`, 2,000 for `slow`, 400 for `slow-serial`),
 //!   `--redis URL` (default: a private `redis-server`).
@@ -56,7 +59,7 @@ mod ticker;
 
 use std::process::ExitCode;
 
-const USAGE: &str = "usage: pulse-bench SCENARIO [--quick] [--jobs N] [--redis URL]\nscenarios: runtime, dispatch [noop|echo-job|echo-worker|echo-http|slow|slow-serial]..., idle, fetch, failover, rebalance, ticker";
+const USAGE: &str = "usage: pulse-bench SCENARIO [--quick] [--jobs N] [--redis URL]\nscenarios: runtime, dispatch [noop|echo-job|echo-worker|echo-http|slow|slow-serial|batch]..., idle, fetch, failover, rebalance, ticker";
 
 /// Parsed command line.
 #[derive(Debug)]

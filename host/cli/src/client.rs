@@ -72,12 +72,18 @@ pub fn dispatch_code(outcome: &DispatchOutcome) -> (u8, String) {
     }
 }
 
-/// Dispatches the jobs of a JSON-lines file, 32 at a time, and prints each
-/// job's outcome as it arrives. The exit code is the first non-zero one,
-/// or 0. When Redis fails, nothing more is sent: the jobs in flight whose
-/// outcome is unknown (they may have been accepted) are listed on stderr
-/// as `unknown: KEY`, the jobs not sent as `not sent: KEY`, and the exit
-/// code is 7 (unconfirmed).
+/// Jobs of a file sent in one batch ([`Node::dispatch_batch`]).
+const FILE_BATCH: usize = 1000;
+/// Batches in flight at once.
+const FILE_BATCHES: usize = 4;
+
+/// Dispatches the jobs of a JSON-lines file in batches of 1,000 (4 in
+/// flight), and prints each job's outcome, in file order. The exit code is
+/// the first non-zero one, or 0. When a job's dispatch fails (Redis
+/// failed, or its key is invalid), no further batch is sent: the jobs
+/// whose outcome is unknown (they may have been accepted) are listed on
+/// stderr as `unknown: KEY`, the jobs not sent as `not sent: KEY`, and the
+/// exit code is 7 (unconfirmed).
 ///
 /// # Cancel safety
 /// Not cancel safe: the jobs sent so far are dispatched; the rest are
@@ -98,36 +104,37 @@ pub async fn dispatch_many(node: &Node, file: &std::path::Path) -> anyhow::Resul
         let job: Line = serde_json::from_str(line).with_context(|| {
             format!("{}:{}: expected {{\"key\": \"…\", \"payload\": \"…\"}}", file.display(), number + 1)
         })?;
-        jobs.push(job);
+        jobs.push((job.key, job.payload.into_bytes()));
     }
     let mut code = exit::OK;
     let (mut unknown, mut failure) = (Vec::new(), None);
     let mut in_flight = futures_util::stream::FuturesOrdered::new();
+    let mut batches = jobs.chunks(FILE_BATCH);
     let mut sent = 0;
     loop {
-        while failure.is_none() && in_flight.len() < 32 && sent < jobs.len() {
-            let job = &jobs[sent];
-            in_flight.push_back(async move {
-                (job.key.as_str(), node.dispatch(&job.key, job.payload.as_bytes()).await)
-            });
-            sent += 1;
+        while failure.is_none() && in_flight.len() < FILE_BATCHES {
+            let Some(batch) = batches.next() else { break };
+            sent += batch.len();
+            in_flight.push_back(async move { (batch, node.dispatch_batch(batch).await) });
         }
-        let Some((key, outcome)) = in_flight.next().await else { break };
-        match outcome {
-            Ok(outcome) => {
-                let (job_code, message) = dispatch_code(&outcome);
-                if code == exit::OK {
-                    code = job_code;
+        let Some((batch, outcomes)) = in_flight.next().await else { break };
+        let mut out = std::io::stdout().lock();
+        for ((key, _), outcome) in batch.iter().zip(outcomes) {
+            match outcome {
+                Ok(outcome) => {
+                    let (job_code, message) = dispatch_code(&outcome);
+                    if code == exit::OK {
+                        code = job_code;
+                    }
+                    let _ = writeln!(out, "{key}: {message}");
                 }
-                let mut out = std::io::stdout().lock();
-                let _ = writeln!(out, "{key}: {message}");
-                let _ = out.flush();
-            }
-            Err(error) => {
-                failure.get_or_insert(error);
-                unknown.push(key);
+                Err(error) => {
+                    failure.get_or_insert(error);
+                    unknown.push(key.as_str());
+                }
             }
         }
+        let _ = out.flush();
     }
     let Some(error) = failure else { return Ok(code) };
     let not_sent = &jobs[sent..];
@@ -141,8 +148,8 @@ pub async fn dispatch_many(node: &Node, file: &std::path::Path) -> anyhow::Resul
     for key in unknown {
         let _ = writeln!(err, "unknown: {key}");
     }
-    for job in not_sent {
-        let _ = writeln!(err, "not sent: {}", job.key);
+    for (key, _) in not_sent {
+        let _ = writeln!(err, "not sent: {key}");
     }
     Ok(exit::UNCONFIRMED)
 }

@@ -7,7 +7,7 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use pulse_pool::{DispatchOutcome, EventOutcome, JobState, Node};
+use pulse_pool::{DispatchOutcome, EventOutcome, JobState};
 use serde_json::{Value, json};
 
 use crate::Api;
@@ -21,8 +21,6 @@ const MAX_PAGE: usize = 1000;
 /// HSCAN rounds one filtered listing request may make before it answers
 /// with what it found and a cursor to go on from.
 const MAX_SCANS: usize = 10;
-/// Dispatches of a batch in flight at once.
-const BATCH_CONCURRENCY: usize = 32;
 
 /// An outcome answer: `{"key", "outcome", ...}` with its status.
 struct Outcome {
@@ -183,9 +181,10 @@ pub(crate) async fn dispatch(
     Ok(dispatch_outcome(&key, outcome).into_response())
 }
 
-/// `POST /api/pools/{pool}/batch`: dispatches up to [`MAX_BATCH`] jobs,
-/// 32 at a time; answers 200 with each job's outcome and its status, in
-/// the order given.
+/// `POST /api/pools/{pool}/batch`: dispatches up to [`MAX_BATCH`] jobs
+/// through the pool's batch dispatch (their starts travel together);
+/// answers 200 with each job's outcome and its status, in the order
+/// given.
 pub(crate) async fn batch(
     State(api): State<Api>,
     Path(pool): Path<String>,
@@ -198,34 +197,43 @@ pub(crate) async fn batch(
             batch.jobs.len()
         )));
     }
-    let mut results = Vec::with_capacity(batch.jobs.len());
-    let mut counts = serde_json::Map::new();
-    let jobs: Vec<_> = batch.jobs.into_iter().map(NewJob::into_parts).collect();
-    for chunk in jobs.chunks(BATCH_CONCURRENCY) {
-        let answers =
-            futures_util::future::join_all(chunk.iter().map(|(key, payload)| one(&node, key, payload))).await;
-        for ((key, _), answer) in chunk.iter().zip(answers) {
-            let (status, mut body) = match answer {
-                Ok(outcome) => (outcome.status, outcome.body),
-                Err(error) => (
-                    error.status,
-                    json!({"key": key, "outcome": error.code, "error": error.code, "message": error.message}),
-                ),
-            };
-            let name = body["outcome"].as_str().unwrap_or("error").to_owned();
-            let count = counts.entry(name).or_insert(Value::from(0));
-            *count = Value::from(count.as_u64().unwrap_or(0) + 1);
-            body["status"] = status.as_u16().into();
-            results.push(body);
+    let mut jobs = Vec::with_capacity(batch.jobs.len());
+    let mut bad = Vec::new();
+    for (index, job) in batch.jobs.into_iter().enumerate() {
+        match job.into_parts() {
+            (key, Ok(payload)) => jobs.push((key, payload)),
+            (key, Err(error)) => bad.push((index, key, error)),
         }
     }
+    let mut dispatched = jobs.iter().zip(node.dispatch_batch(&jobs).await);
+    let mut bad = bad.into_iter().peekable();
+    let mut results = Vec::with_capacity(jobs.len() + bad.len());
+    let mut counts = serde_json::Map::new();
+    for index in 0.. {
+        let answer = match bad.next_if(|(at, _, _)| *at == index) {
+            Some((_, key, error)) => (key, Err(error)),
+            None => match dispatched.next() {
+                Some(((key, _), outcome)) => (
+                    key.clone(),
+                    outcome.map(|outcome| dispatch_outcome(key, outcome)).map_err(ApiError::from),
+                ),
+                None => break,
+            },
+        };
+        let (status, mut body) = match answer {
+            (_, Ok(outcome)) => (outcome.status, outcome.body),
+            (key, Err(error)) => (
+                error.status,
+                json!({"key": key, "outcome": error.code, "error": error.code, "message": error.message}),
+            ),
+        };
+        let name = body["outcome"].as_str().unwrap_or("error").to_owned();
+        let count = counts.entry(name).or_insert(Value::from(0));
+        *count = Value::from(count.as_u64().unwrap_or(0) + 1);
+        body["status"] = status.as_u16().into();
+        results.push(body);
+    }
     Ok(Json(json!({"results": results, "counts": counts})))
-}
-
-async fn one(node: &Node, key: &str, payload: &Result<Vec<u8>, ApiError>) -> Result<Outcome, ApiError> {
-    let payload =
-        payload.as_ref().map_err(|error| ApiError::new(error.status, error.code, error.message.clone()))?;
-    Ok(dispatch_outcome(key, node.dispatch(key, payload).await?))
 }
 
 /// `DELETE /api/pools/{pool}/jobs/{key}`: stops the job (its handler's

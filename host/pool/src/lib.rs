@@ -26,7 +26,8 @@
 //! revision, claims the key with a new fencing token and appends the start
 //! to the worker's inbox. The worker starts the job and answers on the
 //! dispatcher's reply stream, where a waiter was registered before anything
-//! was sent.
+//! was sent. A batch (`Node::dispatch_batch`) runs the same script once per
+//! job, the scripts of up to 1,000 jobs in one pipeline.
 #![warn(missing_docs)]
 
 mod context;

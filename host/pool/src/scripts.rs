@@ -39,3 +39,43 @@ script!(EVICT, "evict.lua");
 script!(REASSERT, "reassert.lua");
 script!(TICK, "tick.lua");
 script!(COUNTS, "counts.lua");
+
+/// `script` as a command of its own (`EVALSHA`), with `keys`; the caller
+/// adds the arguments. For a pipeline of many calls: sent with
+/// [`query`], or in a pipeline whose `NOSCRIPT` answers are sent again
+/// after [`load`].
+pub(crate) fn evalsha(script: &Script, keys: &[String]) -> redis::Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash()).arg(keys.len()).arg(keys);
+    cmd
+}
+
+/// Whether `error` says the server does not know the script (it restarted
+/// or its scripts were flushed): load it and send again.
+pub(crate) fn is_unknown_script(error: &redis::RedisError) -> bool {
+    error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+}
+
+/// Loads `script` into the server's cache.
+pub(crate) async fn load(
+    script: &Script,
+    conn: &mut impl redis::aio::ConnectionLike,
+) -> redis::RedisResult<()> {
+    script.prepare_invoke().load_async(conn).await.map(drop)
+}
+
+/// Sends `cmd`, an [`evalsha`] of `script`, loading the script first if
+/// the server does not know it.
+pub(crate) async fn query<T: redis::FromRedisValue>(
+    script: &Script,
+    cmd: &redis::Cmd,
+    conn: &mut impl redis::aio::ConnectionLike,
+) -> redis::RedisResult<T> {
+    match cmd.query_async(conn).await {
+        Err(error) if is_unknown_script(&error) => {
+            load(script, conn).await?;
+            cmd.query_async(conn).await
+        }
+        other => other,
+    }
+}

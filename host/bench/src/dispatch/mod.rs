@@ -21,12 +21,19 @@
 //!   time per worker would be 4 / 50 ms = 80/s).
 //! - `slow-serial`: the same with `max_concurrent_calls = 1`, 128
 //!   dispatchers: one call at a time per worker, for comparison.
+//! - `batch`: the `noop` workers, the jobs sent in batches of 1,000
+//!   through the pool's `dispatch_batch`, with 1 and 4 batches in flight
+//!   (`dispatchers` counts batches).
+//! - `batch-http`: `echo-worker` behind the HTTP API, the jobs sent in
+//!   batches of 1,000 by `POST /api/pools/{pool}/batch`.
 //!
 //! `pulse-bench dispatch [HANDLER…]` runs the named ones (default: all but
-//! `slow-serial`). Job counts: 20,000 for `noop`, `echo-worker` and
-//! `echo-http`, 5,000 for `echo-job` (each live job holds an instance),
+//! `slow-serial`; `batch` names both batch lines). Job counts: 20,000 for
+//! `noop`, `echo-worker`, `echo-http` and the batches, 5,000 for
+//! `echo-job` (each live job holds an instance),
 //! 2,000 for `slow`, 400 for `slow-serial`; `--jobs N` sets all of them.
 
+mod batch;
 mod processes;
 
 use std::sync::Arc;
@@ -58,13 +65,31 @@ pub(crate) enum Handler {
     EchoHttp,
     Slow,
     SlowSerial,
+    Batch,
+    BatchHttp,
 }
 
 impl Handler {
-    const ALL: [Self; 6] =
-        [Self::NoOp, Self::EchoJob, Self::EchoWorker, Self::EchoHttp, Self::Slow, Self::SlowSerial];
+    const ALL: [Self; 8] = [
+        Self::NoOp,
+        Self::EchoJob,
+        Self::EchoWorker,
+        Self::EchoHttp,
+        Self::Slow,
+        Self::SlowSerial,
+        Self::Batch,
+        Self::BatchHttp,
+    ];
     /// Run when none is named.
-    const DEFAULT: [Self; 5] = [Self::NoOp, Self::EchoJob, Self::EchoWorker, Self::EchoHttp, Self::Slow];
+    const DEFAULT: [Self; 7] = [
+        Self::NoOp,
+        Self::EchoJob,
+        Self::EchoWorker,
+        Self::EchoHttp,
+        Self::Slow,
+        Self::Batch,
+        Self::BatchHttp,
+    ];
 
     fn name(self) -> &'static str {
         match self {
@@ -74,6 +99,8 @@ impl Handler {
             Self::EchoHttp => "echo-http",
             Self::Slow => "slow",
             Self::SlowSerial => "slow-serial",
+            Self::Batch => "batch-pool",
+            Self::BatchHttp => "batch-http",
         }
     }
 
@@ -82,6 +109,7 @@ impl Handler {
         match self {
             Self::Slow => &[32, 128],
             Self::SlowSerial => &[128],
+            Self::Batch | Self::BatchHttp => &[1, 4],
             _ => &[1, 32],
         }
     }
@@ -113,18 +141,20 @@ impl Handler {
 }
 
 pub fn run(args: &Args) -> BenchResult {
-    let handlers = match &args.rest[1..] {
+    let handlers: Vec<Handler> = match &args.rest[1..] {
         [] => Handler::DEFAULT.to_vec(),
         names => names
             .iter()
-            .map(|name| {
-                Handler::ALL.into_iter().find(|h| h.name() == name).ok_or_else(|| {
+            .map(|name| match name.as_str() {
+                "batch" => Ok(vec![Handler::Batch, Handler::BatchHttp]),
+                name => Handler::ALL.into_iter().find(|h| h.name() == name).map(|h| vec![h]).ok_or_else(|| {
                     format!(
-                        "unknown handler {name:?}: the handlers are noop, echo-job, echo-worker, echo-http, slow and slow-serial"
+                        "unknown handler {name:?}: the handlers are noop, echo-job, echo-worker, echo-http, slow, slow-serial, batch-pool and batch-http (batch: both)"
                     )
-                })
+                }),
             })
-            .collect::<Result<_, _>>()?,
+            .collect::<Result<Vec<_>, _>>()?
+            .concat(),
     };
     let server = match &args.redis {
         Some(_) => None,
@@ -136,9 +166,9 @@ pub fn run(args: &Args) -> BenchResult {
     for handler in handlers {
         let jobs = args.jobs.unwrap_or(handler.default_jobs(args.quick));
         let pool = format!("bench-{}", handler.name());
-        let api = (handler == Handler::EchoHttp).then(free_address).transpose()?;
+        let api = matches!(handler, Handler::EchoHttp | Handler::BatchHttp).then(free_address).transpose()?;
         let mut workers = match handler {
-            Handler::NoOp => spawn_noop_workers(&url, &pool)?,
+            Handler::NoOp | Handler::Batch => spawn_noop_workers(&url, &pool)?,
             _ => spawn_host(&url, &pool, handler, jobs, api, config_dir.path())?,
         };
         let result = tokio.block_on(async {
@@ -152,7 +182,12 @@ pub fn run(args: &Args) -> BenchResult {
             let mut stats = client.get_multiplexed_async_connection().await?;
             let mut running = 0;
             for &concurrency in handler.dispatchers() {
-                let keys = measure(&dispatcher, &mut stats, handler, concurrency, jobs, running).await?;
+                let keys = match handler {
+                    Handler::Batch | Handler::BatchHttp => {
+                        batch::measure(&dispatcher, &mut stats, handler, concurrency, jobs, running).await?
+                    }
+                    _ => measure(&dispatcher, &mut stats, handler, concurrency, jobs, running).await?,
+                };
                 if handler.instance_per_job() {
                     // Each live job holds an instance: stop them, so the
                     // host's instance count stays at one run's jobs.
@@ -161,7 +196,7 @@ pub fn run(args: &Args) -> BenchResult {
                     running += jobs;
                 }
             }
-            if handler != Handler::NoOp {
+            if !matches!(handler, Handler::NoOp | Handler::Batch) {
                 // The host exits once its pool is shut down.
                 node.shutdown(Duration::from_secs(120)).await?;
             }
@@ -267,13 +302,15 @@ async fn measure(
     Ok(keys)
 }
 
-fn key_of(concurrency: usize, i: usize) -> String {
+pub(super) fn key_of(concurrency: usize, i: usize) -> String {
     format!("c{concurrency}-{i}")
 }
 
 /// (executed commands, their CPU µs) so far, from `INFO commandstats`
 /// (Lua-internal calls included).
-async fn commandstats(conn: &mut redis::aio::MultiplexedConnection) -> redis::RedisResult<(u64, u64)> {
+pub(super) async fn commandstats(
+    conn: &mut redis::aio::MultiplexedConnection,
+) -> redis::RedisResult<(u64, u64)> {
     let info: String = redis::cmd("INFO").arg("commandstats").query_async(conn).await?;
     let field = |line: &str, name: &str| -> u64 {
         line.split(name).nth(1).and_then(|rest| rest.split(',').next()?.parse().ok()).unwrap_or(0)

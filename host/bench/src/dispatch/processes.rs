@@ -41,7 +41,11 @@ pub(super) fn spawn_noop_workers(url: &str, pool: &str) -> Result<Child, Box<dyn
 #[derive(Clone)]
 pub(crate) enum Dispatcher {
     Node(Arc<Node>),
-    Http { client: reqwest::Client, url: String },
+    /// The API's routes of one pool: `{base}/jobs`, `{base}/batch`.
+    Http {
+        client: reqwest::Client,
+        base: String,
+    },
 }
 
 impl Dispatcher {
@@ -62,7 +66,7 @@ impl Dispatcher {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        Ok(Self::Http { client, url: format!("http://{address}/api/pools/{pool}/jobs") })
+        Ok(Self::Http { client, base: format!("http://{address}/api/pools/{pool}") })
     }
 
     /// Dispatches `key` with `payload` (ASCII); whether a worker confirmed
@@ -70,11 +74,41 @@ impl Dispatcher {
     pub(crate) async fn started(&self, key: &str, payload: &[u8]) -> bool {
         match self {
             Self::Node(node) => matches!(node.dispatch(key, payload).await, Ok(DispatchOutcome::Started)),
-            Self::Http { client, url } => {
+            Self::Http { client, base } => {
                 let payload = std::str::from_utf8(payload).expect("the payload is ASCII");
                 let body = serde_json::json!({"key": key, "payload": payload});
-                let answer = client.post(url).json(&body).send().await;
+                let answer = client.post(format!("{base}/jobs")).json(&body).send().await;
                 answer.is_ok_and(|response| response.status() == reqwest::StatusCode::CREATED)
+            }
+        }
+    }
+
+    /// Dispatches `jobs` (payloads ASCII) as one batch: the pool's
+    /// `dispatch_batch`, or `POST …/batch`; how many a worker confirmed.
+    pub(crate) async fn started_batch(&self, jobs: &[(String, Vec<u8>)]) -> usize {
+        match self {
+            Self::Node(node) => node
+                .dispatch_batch(jobs)
+                .await
+                .iter()
+                .filter(|outcome| matches!(outcome, Ok(DispatchOutcome::Started)))
+                .count(),
+            Self::Http { client, base } => {
+                let jobs: Vec<_> = jobs
+                    .iter()
+                    .map(|(key, payload)| {
+                        let payload = std::str::from_utf8(payload).expect("the payload is ASCII");
+                        serde_json::json!({"key": key, "payload": payload})
+                    })
+                    .collect();
+                let answer = client
+                    .post(format!("{base}/batch"))
+                    .json(&serde_json::json!({"jobs": jobs}))
+                    .send()
+                    .await;
+                let Ok(response) = answer else { return 0 };
+                let body: serde_json::Value = response.json().await.unwrap_or_default();
+                body["counts"]["started"].as_u64().unwrap_or(0) as usize
             }
         }
     }

@@ -38,26 +38,21 @@ impl Core {
         self.slots.wait_until(CATCH_UP, |slots| slots.revision() >= rev).await;
     }
 
-    /// `script`, a script that starts job `key` on `worker` (`dispatch.lua`,
-    /// `assign.lua`), with the keys both take first: the jobs hash, the
-    /// job's record, the slot table, the token counter, the queued set, the
-    /// worker's inbox and its job set.
-    pub(crate) fn start_script<'a>(
-        &self,
-        script: &'a redis::Script,
-        key: &str,
-        worker: &str,
-    ) -> redis::ScriptInvocation<'a> {
+    /// The keys both scripts that start job `key` on `worker` take first
+    /// (`dispatch.lua`, `assign.lua`): the jobs hash, the job's record, the
+    /// slot table, the token counter, the queued set, the worker's inbox
+    /// and its job set.
+    pub(crate) fn start_keys(&self, key: &str, worker: &str) -> Vec<String> {
         let keys = &self.keys;
-        let mut invocation = script.key(&keys.jobs);
-        invocation
-            .key(keys.record(key))
-            .key(self.slots.redis_key())
-            .key(&keys.tokens)
-            .key(&keys.queued)
-            .key(keys.inbox(worker))
-            .key(keys.worker_jobs(worker));
-        invocation
+        vec![
+            keys.jobs.clone(),
+            keys.record(key),
+            self.slots.redis_key().to_owned(),
+            keys.tokens.clone(),
+            keys.queued.clone(),
+            keys.inbox(worker),
+            keys.worker_jobs(worker),
+        ]
     }
 
     /// Starts queued job `key` on the worker its key routes to.
@@ -70,14 +65,11 @@ impl Core {
                 return Ok(());
             }
             let mut conn = core.conn.clone();
-            let answer: Vec<Value> = core
-                .start_script(&scripts::ASSIGN, key, &worker)
-                .key(keys.held(key))
-                .key(&keys.shutdown)
-                .arg(key)
-                .arg(rev.to_string())
-                .arg(&worker)
-                .invoke_async(&mut conn)
+            let mut script_keys = core.start_keys(key, &worker);
+            script_keys.extend([keys.held(key), keys.shutdown.clone()]);
+            let mut cmd = scripts::evalsha(&scripts::ASSIGN, &script_keys);
+            cmd.arg(key).arg(rev.to_string()).arg(&worker);
+            let answer: Vec<Value> = scripts::query(&scripts::ASSIGN, &cmd, &mut conn)
                 .await
                 .map_err(core.redis_error("assign a queued job"))?;
             match super::Assigned::parse(&answer)? {

@@ -38,41 +38,38 @@ impl Node {
         // Registered before anything is sent: the answer cannot beat it.
         let mut waiter = core.waiters.register(core.next_request());
         for _ in 0..MAX_ROUTING_RETRIES {
-            let (rev, worker) = core.route(key);
             let mut conn = core.conn.clone();
-            let answer: Vec<Value> = core
-                .start_script(&scripts::DISPATCH, key, &worker)
-                .arg(key)
-                .arg(payload)
-                .arg(rev.to_string())
-                .arg(&worker)
-                .arg(&core.replies)
-                .arg(&waiter.request)
-                .arg(core.options.max_jobs)
-                .invoke_async(&mut conn)
+            let cmd = self.dispatch_cmd(key, payload, &waiter.request);
+            let answer: Vec<Value> = scripts::query(&scripts::DISPATCH, &cmd, &mut conn)
                 .await
                 .map_err(core.redis_error("dispatch"))?;
-            return Ok(match Dispatched::parse(&answer)? {
-                Dispatched::Sent => match waiter.wait(core.options.reply_timeout).await {
-                    Some(Answer { outcome, message }) => match outcome {
-                        Outcome::Started => DispatchOutcome::Started,
-                        Outcome::Refused => DispatchOutcome::Refused(message),
-                        Outcome::Failed => DispatchOutcome::Failed(message),
-                        other => return Err(protocol("dispatch", other.as_str())),
-                    },
-                    None => DispatchOutcome::Unconfirmed,
-                },
-                Dispatched::Queued => DispatchOutcome::Queued,
-                Dispatched::Exists(state) => DispatchOutcome::AlreadyExists(state),
-                Dispatched::Full => DispatchOutcome::PoolFull,
+            return match Dispatched::parse(&answer)? {
+                Dispatched::Sent => started(waiter.wait(core.options.reply_timeout).await),
                 Dispatched::Stale(rev) => {
                     core.routing_retries.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     core.catch_up(&rev).await;
                     continue;
                 }
-            });
+                other => Ok(not_sent(other)),
+            };
         }
         Err(protocol("dispatch", "membership kept changing"))
+    }
+
+    /// `dispatch.lua` for job `key`, routed with this node's slot table;
+    /// the worker answers request `request`.
+    pub(super) fn dispatch_cmd(&self, key: &str, payload: &[u8], request: &str) -> redis::Cmd {
+        let core = &self.core;
+        let (rev, worker) = core.route(key);
+        let mut cmd = scripts::evalsha(&scripts::DISPATCH, &core.start_keys(key, &worker));
+        cmd.arg(key)
+            .arg(payload)
+            .arg(rev.to_string())
+            .arg(&worker)
+            .arg(&core.replies)
+            .arg(request)
+            .arg(core.options.max_jobs);
+        cmd
     }
 
     /// Stops job `key`: its handler's `stop` is called on its worker and the
@@ -200,7 +197,7 @@ impl Node {
         Err(protocol("route", "the owner kept changing"))
     }
 
-    fn validate(&self, key: &str, payload: usize) -> Result<()> {
+    pub(super) fn validate(&self, key: &str, payload: usize) -> Result<()> {
         let options = &self.core.options;
         let invalid = |why: String| Error::InvalidKey { key: key.chars().take(100).collect(), why };
         if key.is_empty() {
@@ -220,5 +217,29 @@ impl Node {
             return Err(Error::PayloadTooLarge { size: payload, limit: options.max_payload });
         }
         Ok(())
+    }
+}
+
+/// What a dispatch sent to a worker came to: the worker's answer, or
+/// `Unconfirmed` when none came in time.
+pub(super) fn started(answer: Option<Answer>) -> Result<DispatchOutcome> {
+    Ok(match answer {
+        Some(Answer { outcome, message }) => match outcome {
+            Outcome::Started => DispatchOutcome::Started,
+            Outcome::Refused => DispatchOutcome::Refused(message),
+            Outcome::Failed => DispatchOutcome::Failed(message),
+            other => return Err(protocol("dispatch", other.as_str())),
+        },
+        None => DispatchOutcome::Unconfirmed,
+    })
+}
+
+/// What a dispatch that reached no worker came to (not `Sent` or `Stale`).
+pub(super) fn not_sent(dispatched: Dispatched) -> DispatchOutcome {
+    match dispatched {
+        Dispatched::Queued => DispatchOutcome::Queued,
+        Dispatched::Exists(state) => DispatchOutcome::AlreadyExists(state),
+        Dispatched::Full => DispatchOutcome::PoolFull,
+        Dispatched::Sent | Dispatched::Stale(_) => DispatchOutcome::Unconfirmed,
     }
 }

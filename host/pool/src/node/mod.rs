@@ -4,12 +4,14 @@
 //!
 //! # Layout
 //! - this file: [`Node`], join and close.
+//! - `batch`: dispatching many jobs in pipelines.
 //! - `dispatch`: dispatch, stop, notify, retry, forget.
 //! - `membership`: workers joining and leaving; the pool's shutdown.
 //! - `upkeep`: the full node's task: lease renewals, the janitor.
 //! - `listing`: jobs, workers, status, and the Redis reads behind them.
 //! - `view`: [`PoolView`], the same listings without joining.
 
+mod batch;
 mod dispatch;
 mod listing;
 mod membership;

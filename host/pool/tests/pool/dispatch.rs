@@ -215,3 +215,48 @@ async fn counts_by_state_and_pages_of_jobs_cover_the_pool() {
     assert_eq!(node.job_counts().await.unwrap().failed, 0);
     finish(&pool, &[&node, &waiting]).await;
 }
+
+#[tokio::test]
+async fn a_batch_starts_each_valid_job_once_and_answers_each_job_in_its_place() {
+    let pool = unique("batch");
+    let calls = Calls::default();
+    let node = node(&pool, 3, &calls).await;
+    assert_eq!(node.dispatch("taken", b"0").await.unwrap(), DispatchOutcome::Started);
+    // The server forgets its scripts: the batch loads the one it needs.
+    let mut conn = client().get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut conn).await.unwrap();
+    let mut jobs: Vec<(String, Vec<u8>)> =
+        (0..1500).map(|i| (format!("b-{i}"), format!("p{i}").into_bytes())).collect();
+    jobs.insert(100, (String::new(), b"x".to_vec()));
+    jobs.insert(1200, ("taken".into(), b"x".to_vec()));
+    jobs.insert(1300, ("refused".into(), b"refuse".to_vec()));
+    let outcomes = node.dispatch_batch(&jobs).await;
+    assert_eq!(outcomes.len(), jobs.len());
+    for ((key, _), outcome) in jobs.iter().zip(&outcomes) {
+        match key.as_str() {
+            "" => assert!(matches!(outcome, Err(Error::InvalidKey { .. })), "{outcome:?}"),
+            "taken" => {
+                assert_eq!(outcome.as_ref().unwrap(), &DispatchOutcome::AlreadyExists(JobState::Running));
+            }
+            "refused" => {
+                assert_eq!(outcome.as_ref().unwrap(), &DispatchOutcome::Refused("refused on purpose".into()));
+            }
+            _ => assert_eq!(outcome.as_ref().unwrap(), &DispatchOutcome::Started, "{key}"),
+        }
+    }
+    // The handlers saw each job of the batch start once, with its payload,
+    // on the worker its key routes to.
+    let mut started = std::collections::HashMap::new();
+    for call in calls.all() {
+        if let Call::Start { worker, key, payload, .. } = call
+            && key.starts_with("b-")
+        {
+            assert_eq!(node.owner(&key), Some(worker), "{key} runs where its key routes");
+            assert!(started.insert(key.clone(), payload).is_none(), "{key} started twice");
+        }
+    }
+    assert_eq!(started.len(), 1500);
+    assert!((0..1500).all(|i| started[&format!("b-{i}")] == format!("p{i}").into_bytes()));
+    assert_eq!(node.jobs().await.unwrap().len(), 1501);
+    finish(&pool, &[&node]).await;
+}
