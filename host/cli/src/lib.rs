@@ -3,4 +3,5 @@
 //! benchmark program runs the same code, so its figures are the host's.
 
 mod adapter;
+pub mod defaults;
 pub mod run;

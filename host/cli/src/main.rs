@@ -187,7 +187,7 @@ fn init_logs(format: LogFormat, default_level: &str) {
 async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
     // The cryptography of `rediss://`; an error means one is installed.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let config = pulse_config::load(&cli.config)?;
+    let config = pulse_host::defaults::load_config(&cli.config)?;
     if let Command::Check = cli.command {
         run::load(&config)?;
         println!(

@@ -40,6 +40,39 @@ pub struct Config {
     pub http: Option<HttpConfig>,
 }
 
+/// The value each key takes when config.toml leaves it out. Each is
+/// written once, in the library that uses it (the pool's `NodeOptions`,
+/// the runtime's `RuntimeConfig` and `Limits`, the HTTP server's
+/// options): the binary builds this from their defaults and a test of
+/// its checks that config.toml documents the same values.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Defaults {
+    /// `[node]`.
+    pub node: NodeConfig,
+    /// `[runtime]` (`cache_dir` is none unless set).
+    pub runtime: RuntimeConfig,
+    /// `[plugin.limits]` and `[schedule.limits]` (`instances` is shared
+    /// out of `runtime.max_instances` instead).
+    pub limits: Limits,
+    /// `max_concurrent_calls` of a plugin.
+    pub max_concurrent_calls: usize,
+    /// `[http]`'s limits.
+    pub http: HttpDefaults,
+}
+
+/// The defaults of `[http]`'s limits (see [`HttpConfig`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpDefaults {
+    /// `max_body`, bytes.
+    pub max_body: u64,
+    /// `header_timeout`.
+    pub header_timeout: Duration,
+    /// `idle_timeout`.
+    pub idle_timeout: Duration,
+    /// `max_connections`.
+    pub max_connections: u32,
+}
+
 /// `[http]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HttpConfig {
@@ -259,19 +292,20 @@ fn render(path: &Path, problems: &[Problem]) -> String {
 ///
 /// # Errors
 /// [`ConfigError`] with every problem found.
-pub fn load(path: &Path) -> Result<Config, ConfigError> {
+pub fn load(path: &Path, defaults: &Defaults) -> Result<Config, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|error| ConfigError {
         path: path.to_owned(),
         problems: vec![Problem { line: None, message: format!("cannot read the file: {error}") }],
     })?;
-    parse(path, &text)
+    parse(path, &text, defaults)
 }
 
-/// Validates `text` as if read from `path`.
+/// Validates `text` as if read from `path`; keys it leaves out take
+/// their value from `defaults`.
 ///
 /// # Errors
 /// [`ConfigError`] with every problem found.
-pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
+pub fn parse(path: &Path, text: &str, defaults: &Defaults) -> Result<Config, ConfigError> {
     // Absolute, so paths resolved against its folder stay valid whatever
     // the working directory of whoever uses them (redis-server changes its
     // own to its data directory).
@@ -282,7 +316,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         fail(vec![Problem { line, message: error.message().to_owned() }])
     })?;
     let base = path.parent().map(Path::to_owned).unwrap_or_default();
-    raw.validate(&base, text)
+    raw.validate(&base, text, defaults)
         .map(|mut config| {
             config.path = path.to_owned();
             config

@@ -48,7 +48,9 @@ use serde_json::json;
 use crate::error::ApiError;
 
 /// How the API is set up. Its `Debug` output leaves the token out.
-#[derive(Clone, Default)]
+///
+/// Defaults: no token, `max_body` 4 MiB, no metrics, loopback names only.
+#[derive(Clone)]
 pub struct ApiOptions {
     /// When set, every route but `/healthz` and `/readyz` needs
     /// `Authorization: Bearer <token>`.
@@ -59,6 +61,12 @@ pub struct ApiOptions {
     pub metrics: Option<PrometheusHandle>,
     /// The names a request's `Host` (and a browser's `Origin`) may give.
     pub hosts: AllowedHosts,
+}
+
+impl Default for ApiOptions {
+    fn default() -> Self {
+        Self { token: None, max_body: 4 << 20, metrics: None, hosts: AllowedHosts::default() }
+    }
 }
 
 impl std::fmt::Debug for ApiOptions {

@@ -131,6 +131,11 @@ impl RuntimeConfig {
         self.fuel
     }
 
+    /// How many instances may be live at once.
+    pub fn instance_ceiling(&self) -> u32 {
+        self.max_instances
+    }
+
     /// The memory ceiling per instance, in bytes.
     pub fn memory_ceiling(&self) -> u64 {
         self.max_memory_per_instance

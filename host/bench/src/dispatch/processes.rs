@@ -208,7 +208,7 @@ pub fn serve_workers(args: &Args) -> BenchResult {
 pub fn serve_host(args: &Args) -> BenchResult {
     let url = args.redis.clone().ok_or("serve-host needs --redis")?;
     let path = args.rest.get(1).ok_or("serve-host needs a config path")?;
-    let config = pulse_config::load(Path::new(path))?;
+    let config = pulse_host::defaults::load_config(Path::new(path))?;
     let tokio = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     tokio.block_on(async {
         let client = redis::Client::open(url.as_str())?;

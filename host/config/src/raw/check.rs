@@ -7,6 +7,8 @@ use super::*;
 pub(super) struct Check<'a> {
     pub(super) text: &'a str,
     pub(super) problems: Vec<Problem>,
+    /// What a key left out takes.
+    pub(super) defaults: &'a Defaults,
 }
 
 impl Check<'_> {
@@ -89,37 +91,45 @@ impl Check<'_> {
         limits: &PluginLimits,
         runtime: &RuntimeConfig,
     ) -> Limits {
+        let d = self.defaults.limits;
         let checked = Limits {
-            memory: self.size("limits.memory", limits.memory.as_ref(), 64 << 20, MEMORY),
+            memory: self.size("limits.memory", limits.memory.as_ref(), d.memory, MEMORY),
             call_timeout: self.duration(
                 "limits.call_timeout",
                 limits.call_timeout.as_ref(),
-                secs(10),
+                d.call_timeout,
                 CALL_TIMEOUT,
             ),
-            fuel: limits.fuel.as_ref().map(|fuel| self.count("limits.fuel", Some(fuel), 1, FUEL)),
+            fuel: match &limits.fuel {
+                Some(fuel) => Some(self.count("limits.fuel", Some(fuel), 1, FUEL)),
+                None => d.fuel,
+            },
             // Shared out once every plugin is read (`share_instances`).
             instances: 0,
             http_connect_timeout: self.duration(
                 "limits.http_connect_timeout",
                 limits.http_connect_timeout.as_ref(),
-                secs(5),
+                d.http_connect_timeout,
                 OUTBOUND_TIMEOUT,
             ),
             http_first_byte_timeout: self.duration(
                 "limits.http_first_byte_timeout",
                 limits.http_first_byte_timeout.as_ref(),
-                secs(10),
+                d.http_first_byte_timeout,
                 OUTBOUND_TIMEOUT,
             ),
             http_response_bytes: self.size(
                 "limits.http_response_bytes",
                 limits.http_response_bytes.as_ref(),
-                4 << 20,
+                d.http_response_bytes,
                 HTTP_RESPONSE_BYTES,
             ),
-            http_requests: self.count("limits.http_requests", limits.http_requests.as_ref(), 8, HTTP_REQUESTS)
-                as u32,
+            http_requests: self.count(
+                "limits.http_requests",
+                limits.http_requests.as_ref(),
+                d.http_requests.into(),
+                HTTP_REQUESTS,
+            ) as u32,
         };
         if checked.memory > runtime.max_memory_per_instance
             && let Some(memory) = &limits.memory
@@ -335,7 +345,8 @@ impl Check<'_> {
             }
             (None, None) => None,
         };
-        let max_body = self.size("http.max_body", http.max_body.as_ref(), 4 << 20, MAX_BODY);
+        let d = self.defaults.http.clone();
+        let max_body = self.size("http.max_body", http.max_body.as_ref(), d.max_body, MAX_BODY);
         let allowed_hosts = http
             .allowed_hosts
             .iter()
@@ -362,19 +373,19 @@ impl Check<'_> {
             header_timeout: self.duration(
                 "http.header_timeout",
                 http.header_timeout.as_ref(),
-                secs(10),
+                d.header_timeout,
                 HTTP_TIMEOUT,
             ),
             idle_timeout: self.duration(
                 "http.idle_timeout",
                 http.idle_timeout.as_ref(),
-                secs(60),
+                d.idle_timeout,
                 HTTP_TIMEOUT,
             ),
             max_connections: self.count(
                 "http.max_connections",
                 http.max_connections.as_ref(),
-                1024,
+                d.max_connections.into(),
                 MAX_CONNECTIONS,
             ) as u32,
         }

@@ -17,8 +17,8 @@ use toml::Spanned;
 
 use crate::units::{self, DURATION_FORMS, SIZE_FORMS};
 use crate::{
-    Config, HttpConfig, Isolation, Limits, NodeConfig, PluginConfig, Problem, RedisConfig, RuntimeConfig,
-    ScheduleConfig, Secret, line_of,
+    Config, Defaults, HttpConfig, Isolation, Limits, NodeConfig, PluginConfig, Problem, RedisConfig,
+    RuntimeConfig, ScheduleConfig, Secret, line_of,
 };
 
 // The range of every number, size and duration: what `check` enforces
@@ -170,42 +170,57 @@ struct PluginLimits {
 }
 
 impl File {
-    pub(crate) fn validate(self, base: &Path, text: &str) -> Result<Config, Vec<Problem>> {
-        let mut check = Check { text, problems: Vec::new() };
+    pub(crate) fn validate(
+        self,
+        base: &Path,
+        text: &str,
+        defaults: &Defaults,
+    ) -> Result<Config, Vec<Problem>> {
+        let mut check = Check { text, problems: Vec::new(), defaults };
+        let d = &defaults.node;
         let node = NodeConfig {
-            max_jobs: check.count("node.max_jobs", self.node.max_jobs.as_ref(), 0, MAX_JOBS),
-            max_payload: check.size("node.max_payload", self.node.max_payload.as_ref(), 1 << 20, MAX_PAYLOAD),
+            max_jobs: check.count("node.max_jobs", self.node.max_jobs.as_ref(), d.max_jobs, MAX_JOBS),
+            max_payload: check.size(
+                "node.max_payload",
+                self.node.max_payload.as_ref(),
+                d.max_payload,
+                MAX_PAYLOAD,
+            ),
             reply_timeout: check.duration(
                 "node.reply_timeout",
                 self.node.reply_timeout.as_ref(),
-                secs(10),
+                d.reply_timeout,
                 REPLY_TIMEOUT,
             ),
-            max_attempts: check.count("node.max_attempts", self.node.max_attempts.as_ref(), 3, MAX_ATTEMPTS)
-                as u32,
+            max_attempts: check.count(
+                "node.max_attempts",
+                self.node.max_attempts.as_ref(),
+                d.max_attempts.into(),
+                MAX_ATTEMPTS,
+            ) as u32,
             retry_backoff: check.duration(
                 "node.retry_backoff",
                 self.node.retry_backoff.as_ref(),
-                millis(100),
+                d.retry_backoff,
                 RETRY_BACKOFF,
             ),
             events_retention: check.count(
                 "node.events_retention",
                 self.node.events_retention.as_ref(),
-                10_000,
+                d.events_retention,
                 EVENTS_RETENTION,
             ),
             events_max_bytes: check.size(
                 "node.events_max_bytes",
                 self.node.events_max_bytes.as_ref(),
-                64 << 20,
+                d.events_max_bytes,
                 EVENTS_MAX_BYTES,
             ),
-            lease_ttl: check.duration("node.lease_ttl", self.node.lease_ttl.as_ref(), secs(10), LEASE_TTL),
+            lease_ttl: check.duration("node.lease_ttl", self.node.lease_ttl.as_ref(), d.lease_ttl, LEASE_TTL),
             shutdown_timeout: check.duration(
                 "node.shutdown_timeout",
                 self.node.shutdown_timeout.as_ref(),
-                secs(30),
+                d.shutdown_timeout,
                 SHUTDOWN_TIMEOUT,
             ),
         };
@@ -224,17 +239,21 @@ impl File {
             max_instances: check.count(
                 "runtime.max_instances",
                 self.runtime.max_instances.as_ref(),
-                1000,
+                defaults.runtime.max_instances.into(),
                 MAX_INSTANCES,
             ) as u32,
             max_memory_per_instance: check.size(
                 "runtime.max_memory_per_instance",
                 self.runtime.max_memory_per_instance.as_ref(),
-                64 << 20,
+                defaults.runtime.max_memory_per_instance,
                 MEMORY,
             ),
-            cache_dir: self.runtime.cache_dir.map(|dir| base.join(dir)),
-            fuel: self.runtime.fuel.unwrap_or(false),
+            cache_dir: self
+                .runtime
+                .cache_dir
+                .map(|dir| base.join(dir))
+                .or_else(|| defaults.runtime.cache_dir.clone()),
+            fuel: self.runtime.fuel.unwrap_or(defaults.runtime.fuel),
         };
         let mut names = HashSet::new();
         let mut pools: HashMap<String, String> = HashMap::new();
@@ -284,7 +303,7 @@ impl File {
                 max_concurrent_calls: check.count(
                     "max_concurrent_calls",
                     plugin.max_concurrent_calls.as_ref(),
-                    1,
+                    defaults.max_concurrent_calls as u64,
                     MAX_CONCURRENT_CALLS,
                 ) as usize,
                 allowed_outbound_hosts: plugin.allowed_outbound_hosts,

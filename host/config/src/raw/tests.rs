@@ -1,8 +1,54 @@
 //! The checks of config.toml, against files written here.
 
 use std::path::Path;
+use std::time::Duration;
 
-use crate::parse;
+use crate::{Config, ConfigError, Defaults, HttpDefaults, Limits, NodeConfig, RuntimeConfig};
+
+/// What the binary passes in, with values of this test's own: config
+/// writes no default of the libraries', it hands on the ones it is given.
+fn defaults() -> Defaults {
+    Defaults {
+        node: NodeConfig {
+            max_jobs: 5,
+            max_payload: 3 << 20,
+            reply_timeout: Duration::from_secs(7),
+            max_attempts: 4,
+            retry_backoff: Duration::from_millis(30),
+            events_retention: 900,
+            events_max_bytes: 9 << 20,
+            lease_ttl: Duration::from_secs(6),
+            shutdown_timeout: Duration::from_secs(11),
+        },
+        runtime: RuntimeConfig {
+            max_instances: 321,
+            max_memory_per_instance: 32 << 20,
+            cache_dir: None,
+            fuel: false,
+        },
+        limits: Limits {
+            memory: 16 << 20,
+            call_timeout: Duration::from_secs(3),
+            fuel: None,
+            instances: 0,
+            http_connect_timeout: Duration::from_secs(2),
+            http_first_byte_timeout: Duration::from_secs(4),
+            http_response_bytes: 1 << 20,
+            http_requests: 3,
+        },
+        max_concurrent_calls: 12,
+        http: HttpDefaults {
+            max_body: 2 << 20,
+            header_timeout: Duration::from_secs(9),
+            idle_timeout: Duration::from_secs(70),
+            max_connections: 77,
+        },
+    }
+}
+
+fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
+    crate::parse(path, text, &defaults())
+}
 
 #[test]
 fn every_problem_is_reported_with_its_line() {
@@ -28,12 +74,26 @@ fn unknown_keys_are_refused_with_their_line() {
 #[test]
 fn defaults_fill_what_is_absent() {
     let config = parse(Path::new("/etc/pulse/config.toml"), "").unwrap();
-    assert_eq!(config.node.max_attempts, 3);
-    assert_eq!(config.runtime.max_instances, 1000);
+    let defaults = defaults();
+    assert_eq!(config.node, defaults.node);
+    assert_eq!(config.runtime, defaults.runtime);
     assert_eq!(config.redis.url, None);
     assert_eq!(config.redis.data_dir, Path::new("/etc/pulse/.pulse-host"));
     assert!(config.plugins.is_empty());
-    assert_eq!(config.node.lease_ttl, std::time::Duration::from_secs(10));
+    let text = "[http]\n[[plugin]]\nname = \"p\"\npath = \"p.wasm\"\n";
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("p.wasm"), b"").unwrap();
+    let config = parse(&dir.path().join("config.toml"), text).unwrap();
+    let plugin = &config.plugins[0];
+    assert_eq!(plugin.max_concurrent_calls, defaults.max_concurrent_calls);
+    // `instances` is the plugin's share of `runtime.max_instances`.
+    assert_eq!(plugin.limits, Limits { instances: defaults.runtime.max_instances, ..defaults.limits });
+    let http = config.http.unwrap();
+    let d = defaults.http;
+    assert_eq!(
+        (http.max_body, http.header_timeout, http.idle_timeout, http.max_connections),
+        (d.max_body, d.header_timeout, d.idle_timeout, d.max_connections)
+    );
 }
 
 #[test]
@@ -58,7 +118,7 @@ fn http_is_off_unless_its_section_is_there() {
     let config = parse(Path::new("c.toml"), "[http]\n").unwrap();
     let http = config.http.unwrap();
     assert_eq!(http.listen.to_string(), "127.0.0.1:7070");
-    assert_eq!((http.token, http.max_body), (None, 4 << 20));
+    assert_eq!((http.token, http.max_body), (None, defaults().http.max_body));
     let config = parse(Path::new("c.toml"), "[http]\nlisten = \"8081\"\nmax_body = \"64KiB\"\n").unwrap();
     let http = config.http.unwrap();
     assert_eq!((http.listen.to_string(), http.max_body), ("127.0.0.1:8081".to_owned(), 64 << 10));
