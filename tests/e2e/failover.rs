@@ -114,6 +114,25 @@ pub(crate) struct Entry {
     pub(crate) detail: String,
 }
 
+/// For each journal entry, whether a store that checks fencing tokens
+/// would take it: false for a handler's write under a token older than
+/// one its job was started with before (a call of a superseded run that
+/// finished late, after its process was frozen).
+pub(crate) fn current_writes(entries: &[Entry]) -> Vec<bool> {
+    let mut newest: HashMap<&str, u64> = HashMap::new();
+    entries
+        .iter()
+        .map(|e| {
+            let Ok(token) = e.token.parse::<u64>() else { return true };
+            let seen = newest.entry(e.key.as_str()).or_insert(0);
+            if e.kind == "start" {
+                *seen = (*seen).max(token);
+            }
+            token >= *seen
+        })
+        .collect()
+}
+
 pub(crate) async fn journal(conn: &mut redis::aio::MultiplexedConnection, pool: &str) -> Vec<Entry> {
     let lines: Vec<String> = redis::cmd("LRANGE")
         .arg(format!("pulse-test:{{{pool}}}:journal"))
@@ -556,15 +575,22 @@ async fn chaos_of_joins_leaves_kills_and_freezes_loses_doubles_and_reorders_noth
     // Every acknowledged notification arrives (a held one right after its
     // job's start, so perhaps after the pool settled), in order; an event
     // the handler ran just before its process was killed may come again.
+    // A call in flight when its process was frozen finishes when the
+    // process resumes: its write lands late, under the token of a run that
+    // a newer start has superseded. That is what the job's fencing token
+    // is for: a store that checks it refuses the write, and so does this
+    // count (`stale`).
     let deadline = Instant::now() + PATIENCE;
     let entries = loop {
         let entries = journal(&mut conn, pool).await;
+        let current = current_writes(&entries);
         let mut missing = Vec::new();
         for (key, sent) in &done.notified {
             let seen: Vec<u64> = entries
                 .iter()
-                .filter(|e| e.kind == "notify" && e.key == *key)
-                .filter_map(|e| e.detail.split_once(':')?.1.parse().ok())
+                .zip(&current)
+                .filter(|(e, current)| **current && e.kind == "notify" && e.key == *key)
+                .filter_map(|(e, _)| e.detail.split_once(':')?.1.parse().ok())
                 .collect();
             assert!(seen.windows(2).all(|w| w[0] <= w[1]), "{key}: reordered {seen:?}");
             missing.extend(
@@ -579,13 +605,14 @@ async fn chaos_of_joins_leaves_kills_and_freezes_loses_doubles_and_reorders_noth
     };
     let marks = |kind: &str| entries.iter().filter(|e| e.kind == kind).count();
     eprintln!(
-        "chaos: {} kills, {} freezes; {} dispatched, {} stopped, {} notifications acknowledged, {} journal entries",
+        "chaos: {} kills, {} freezes; {} dispatched, {} stopped, {} notifications acknowledged, {} journal entries ({} stale)",
         marks("killed"),
         marks("frozen"),
         done.dispatched.len(),
         done.stopped.len(),
         done.notified.values().map(Vec::len).sum::<usize>(),
-        entries.len()
+        entries.len(),
+        current_writes(&entries).iter().filter(|current| !**current).count()
     );
     for process in live {
         process.close();

@@ -19,7 +19,9 @@ const SAVE: (&str, &str) = ("PULSE_TEST_SAVE_MS", "100");
 
 /// No process calls a handler, or does a job's work, for a job another
 /// process has started since under a newer token; and no job's own work
-/// was ever refused as not owned while its context said it was live.
+/// was ever refused as not owned while its context said it was live (as
+/// the refusal came back: a process frozen between its check and its
+/// request finds its context fenced by then).
 fn assert_nothing_after_takeover(entries: &[Entry]) {
     let mut latest: HashMap<&str, (u64, &str)> = HashMap::new(); // key -> (token, pid)
     for (i, e) in entries.iter().enumerate() {

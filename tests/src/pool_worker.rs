@@ -126,6 +126,11 @@ async fn save_periodically(journal: Journal, ctx: JobContext, period: Duration) 
         match ctx.save_state(count.to_string().as_bytes()).await {
             Ok(()) => count += 1,
             Err(pulse_pool::ContextError::Unavailable(_)) => {}
+            // Refused after the context stopped being live: the process
+            // stalled between the check and the request (a freeze), long
+            // enough for its lease to end and the job to move; the fence
+            // did its work.
+            Err(pulse_pool::ContextError::NotOwned) if !ctx.is_live() => return,
             Err(error) => {
                 journal.write_as("refused", ctx.key(), ctx.token(), ctx.worker(), &error.to_string()).await;
                 return;
@@ -162,10 +167,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .and_then(|ms| ms.parse().ok())
             .map(Duration::from_millis),
     };
-    // Calls of different jobs a worker makes at once: PULSE_TEST_CALLS
-    // (default 1, the pool's default).
-    let calls = std::env::var("PULSE_TEST_CALLS").ok().and_then(|n| n.parse().ok()).unwrap_or(1);
-    let worker_options = WorkerOptions { max_concurrent_calls: calls };
+    // Calls of different jobs a worker makes at once: PULSE_TEST_CALLS, or
+    // the pool's default.
+    let worker_options = match std::env::var("PULSE_TEST_CALLS").ok().and_then(|n| n.parse().ok()) {
+        Some(calls) => WorkerOptions { max_concurrent_calls: calls },
+        None => WorkerOptions::default(),
+    };
     for _ in 0..workers.parse::<usize>()? {
         // One handler shared by the process's workers: the journal is one.
         node.add_worker_with(journal.clone(), worker_options.clone()).await?;

@@ -84,9 +84,8 @@ impl Default for NodeOptions {
 
 /// Options of one worker.
 ///
-/// Defaults: `max_concurrent_calls`: 1 (one call at a time per worker,
-/// as before concurrent calls existed; raise it for handlers that wait on
-/// the network).
+/// Defaults: `max_concurrent_calls`: 32 (calls of different jobs a
+/// worker makes at once; 1 makes it one call at a time).
 #[derive(Debug, Clone)]
 pub struct WorkerOptions {
     /// Handler calls of different jobs a worker makes at once. Calls for
@@ -97,6 +96,6 @@ pub struct WorkerOptions {
 
 impl Default for WorkerOptions {
     fn default() -> Self {
-        Self { max_concurrent_calls: 1 }
+        Self { max_concurrent_calls: 32 }
     }
 }
