@@ -32,10 +32,7 @@ if worker == '' then
   redis.call('SADD', KEYS[5], key)
   return {'queued'}
 end
--- The start event: key, token, seq, reply stream, request, attempt,
--- requeued, created ('' = the event's own time), payload, has state, state.
-local event = ns(key) .. ns(token) .. ns('0') .. ns(ARGV[5]) .. ns(ARGV[6]) .. ns('1') .. ns('0')
-  .. ns('') .. ns(payload) .. ns('0') .. ns('')
+local event = first_start(key, token, ARGV[5], ARGV[6], payload)
 local id = redis.call('XADD', KEYS[6], '*', 'n', 'start', 'p', event)
 redis.call('HSET', record, 'payload', payload, 'created', string.match(id, '^(%d+)'), 'attempt', 1)
 redis.call('SADD', KEYS[7], key)

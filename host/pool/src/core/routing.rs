@@ -55,6 +55,27 @@ impl Core {
         ]
     }
 
+    /// The keys of `dispatch_many.lua` for jobs `jobs` that route to
+    /// `worker`: the jobs hash, the slot table, the token counter, the
+    /// queued set, the worker's inbox and job set, then each job's record.
+    pub(crate) fn start_many_keys<'k>(
+        &self,
+        worker: &str,
+        jobs: impl Iterator<Item = &'k str>,
+    ) -> Vec<String> {
+        let keys = &self.keys;
+        let mut all = vec![
+            keys.jobs.clone(),
+            self.slots.redis_key().to_owned(),
+            keys.tokens.clone(),
+            keys.queued.clone(),
+            keys.inbox(worker),
+            keys.worker_jobs(worker),
+        ];
+        all.extend(jobs.map(|key| keys.record(key)));
+        all
+    }
+
     /// Starts queued job `key` on the worker its key routes to.
     pub(crate) async fn assign(&self, key: &str) -> Result<()> {
         let core = self;

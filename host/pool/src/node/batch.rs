@@ -1,33 +1,44 @@
-//! Dispatching many jobs at once: the starts of a batch travel in
-//! pipelines (one round trip per [`PIPELINE`] jobs, whichever workers they
-//! go to) and their answers are awaited together. Each job is still its
-//! own `dispatch.lua` step, with its own token and outcome: a batch changes
-//! how the starts travel, not what each one guarantees.
+//! Dispatching many jobs at once: the jobs of a batch are grouped by the
+//! worker their keys route to, each group's starts go in one script
+//! (`dispatch_many.lua`, up to [`GROUP`] jobs), all the groups' scripts in
+//! one pipeline, and the workers' answers are awaited together. Each job is
+//! still claimed as `dispatch.lua` claims one, with its own token and
+//! outcome: a batch changes how the starts travel, not what each one
+//! guarantees.
 
+use std::collections::BTreeMap;
 use std::time::Instant;
 
 use redis::Value;
 
 use super::Node;
 use super::dispatch::{not_sent, started};
-use crate::core::{Dispatched, Waiter};
+use crate::core::{Dispatched, Waiter, protocol};
 use crate::error::Result;
 use crate::job::DispatchOutcome;
 use crate::scripts;
 
-/// Starts sent in one pipeline, at most.
-const PIPELINE: usize = 1000;
+/// Jobs one script starts, at most.
+const GROUP: usize = 500;
 
-/// A job of the batch whose start was sent: where its outcome goes, and
-/// the waiter for its worker's answer.
-struct Sent<'a> {
+/// A job of the batch on its way: where its outcome goes, and the waiter
+/// for its worker's answer.
+struct Pending<'a> {
     index: usize,
     waiter: Waiter<'a>,
 }
 
+/// The jobs of one script: the revision and worker they were routed with.
+struct Group<'a> {
+    rev: u64,
+    worker: String,
+    jobs: Vec<Pending<'a>>,
+}
+
 impl Node {
     /// Dispatches `jobs` (each a key and a payload) as [`Node::dispatch`]
-    /// does one: the starts go in pipelines, and the workers' answers are
+    /// does one: the starts of the jobs that route to one worker go in one
+    /// script, the scripts in one pipeline, and the workers' answers are
     /// awaited together (each for up to `reply_timeout`). The outcomes are
     /// in the order of `jobs`; an invalid key or payload, or a failure to
     /// reach Redis, is the error of its own job only.
@@ -39,30 +50,50 @@ impl Node {
         let began = Instant::now();
         let core = &self.core;
         let mut outcomes: Vec<Option<Result<DispatchOutcome>>> = jobs.iter().map(|_| None).collect();
+        // By revision and worker, in the order of `jobs`.
+        let mut groups: BTreeMap<(u64, String), Vec<Pending<'_>>> = BTreeMap::new();
+        for (index, (key, payload)) in jobs.iter().enumerate() {
+            if let Err(error) = self.validate(key, payload.len()) {
+                outcomes[index] = Some(Err(error));
+                continue;
+            }
+            let waiter = core.waiters.register(core.next_request());
+            groups.entry(core.route(key)).or_default().push(Pending { index, waiter });
+        }
+        let mut groups: Vec<Group<'_>> = groups
+            .into_iter()
+            .flat_map(|((rev, worker), mut pending)| {
+                let mut split = Vec::new();
+                while pending.len() > GROUP {
+                    let rest = pending.split_off(GROUP);
+                    split.push(Group { rev, worker: worker.clone(), jobs: pending });
+                    pending = rest;
+                }
+                split.push(Group { rev, worker, jobs: pending });
+                split
+            })
+            .collect();
         let mut sent = Vec::new();
         // Sent again one by one: the slot table changed under them.
         let mut again = Vec::new();
-        let valid: Vec<usize> = (0..jobs.len())
-            .filter(|&index| {
-                let (key, payload) = &jobs[index];
-                match self.validate(key, payload.len()) {
-                    Ok(()) => true,
-                    Err(error) => {
-                        outcomes[index] = Some(Err(error));
-                        false
+        let answers = self.send_groups(jobs, &groups).await;
+        for (group, answer) in groups.drain(..).zip(answers) {
+            match answer {
+                Ok(answers) => {
+                    for (pending, answer) in group.jobs.into_iter().zip(answers) {
+                        match answer {
+                            Ok(Dispatched::Sent) => sent.push(pending),
+                            Ok(Dispatched::Stale(_)) => again.push(pending.index),
+                            Ok(other) => outcomes[pending.index] = Some(Ok(not_sent(other))),
+                            Err(error) => outcomes[pending.index] = Some(Err(error)),
+                        }
                     }
                 }
-            })
-            .collect();
-        for chunk in valid.chunks(PIPELINE) {
-            let waiters: Vec<(usize, Waiter<'_>)> =
-                chunk.iter().map(|&index| (index, core.waiters.register(core.next_request()))).collect();
-            for ((index, waiter), answer) in self.send_starts(jobs, waiters).await {
-                match answer {
-                    Ok(Dispatched::Sent) => sent.push(Sent { index, waiter }),
-                    Ok(Dispatched::Stale(_)) => again.push(index),
-                    Ok(other) => outcomes[index] = Some(Ok(not_sent(other))),
-                    Err(error) => outcomes[index] = Some(Err(error)),
+                Err(error) => {
+                    for pending in group.jobs {
+                        outcomes[pending.index] =
+                            Some(Err(core.redis_error("dispatch a batch")(error.clone())));
+                    }
                 }
             }
         }
@@ -89,59 +120,89 @@ impl Node {
         outcomes.into_iter().map(|outcome| outcome.expect("every job has an outcome")).collect()
     }
 
-    /// Sends the starts of `waiters`' jobs in one pipeline; those the
-    /// server did not know the script for are sent again once it is
-    /// loaded.
-    async fn send_starts<'a>(
+    /// Sends one `dispatch_many.lua` per group, all in one pipeline; a
+    /// script the server did not know is loaded and its groups sent
+    /// again. Per group: its jobs' answers, in order, or why it failed.
+    async fn send_groups(
         &self,
         jobs: &[(String, Vec<u8>)],
-        mut waiters: Vec<(usize, Waiter<'a>)>,
-    ) -> Vec<((usize, Waiter<'a>), Result<Dispatched>)> {
+        groups: &[Group<'_>],
+    ) -> Vec<redis::RedisResult<Vec<Result<Dispatched>>>> {
         let core = &self.core;
         let mut conn = core.conn.clone();
-        let mut done = Vec::with_capacity(waiters.len());
+        let mut answers: Vec<Option<redis::RedisResult<Vec<Result<Dispatched>>>>> =
+            groups.iter().map(|_| None).collect();
+        let mut todo: Vec<usize> = (0..groups.len()).collect();
         for attempt in 0..2 {
             let mut pipe = redis::pipe();
             pipe.ignore_errors();
-            for (index, waiter) in &waiters {
-                let (key, payload) = &jobs[*index];
-                pipe.add_command(self.dispatch_cmd(key, payload, &waiter.request));
+            for &g in &todo {
+                pipe.add_command(self.dispatch_many_cmd(jobs, &groups[g]));
             }
-            let answers: Vec<redis::RedisResult<Value>> = match pipe.query_async(&mut conn).await {
-                Ok(answers) => answers,
+            let replies: Vec<redis::RedisResult<Value>> = match pipe.query_async(&mut conn).await {
+                Ok(replies) => replies,
                 Err(error) => {
-                    let failed = waiters
-                        .into_iter()
-                        .map(|w| (w, Err(core.redis_error("dispatch a batch")(error.clone()))));
-                    done.extend(failed);
-                    return done;
+                    for &g in &todo {
+                        answers[g] = Some(Err(error.clone()));
+                    }
+                    break;
                 }
             };
             let mut unknown = Vec::new();
-            for (waiter, answer) in waiters.into_iter().zip(answers) {
-                match answer {
-                    Err(error) if attempt == 0 && scripts::is_unknown_script(&error) => unknown.push(waiter),
-                    Err(error) => done.push((waiter, Err(core.redis_error("dispatch")(error)))),
-                    Ok(value) => {
-                        let parsed = redis::from_redis_value::<Vec<Value>>(value)
-                            .map_err(|error| crate::core::protocol("dispatch", &error.to_string()))
-                            .and_then(|answer| Dispatched::parse(&answer));
-                        done.push((waiter, parsed));
-                    }
+            for (&g, reply) in todo.iter().zip(replies) {
+                match reply {
+                    Err(error) if attempt == 0 && scripts::is_unknown_script(&error) => unknown.push(g),
+                    Err(error) => answers[g] = Some(Err(error)),
+                    Ok(value) => answers[g] = Some(Ok(parse_many(value, groups[g].jobs.len()))),
                 }
             }
             if unknown.is_empty() {
                 break;
             }
-            if let Err(error) = scripts::load(&scripts::DISPATCH, &mut conn).await {
-                let failed = unknown
-                    .into_iter()
-                    .map(|w| (w, Err(core.redis_error("dispatch a batch")(error.clone()))));
-                done.extend(failed);
+            if let Err(error) = scripts::load(&scripts::DISPATCH_MANY, &mut conn).await {
+                for &g in &unknown {
+                    answers[g] = Some(Err(error.clone()));
+                }
                 break;
             }
-            waiters = unknown;
+            todo = unknown;
         }
-        done
+        answers.into_iter().map(|answer| answer.expect("every group has an answer")).collect()
     }
+
+    /// `dispatch_many.lua` for `group`.
+    fn dispatch_many_cmd(&self, jobs: &[(String, Vec<u8>)], group: &Group<'_>) -> redis::Cmd {
+        let core = &self.core;
+        let keys = core.start_many_keys(&group.worker, group.jobs.iter().map(|p| jobs[p.index].0.as_str()));
+        let mut cmd = scripts::evalsha(&scripts::DISPATCH_MANY, &keys);
+        cmd.arg(group.rev.to_string())
+            .arg(&group.worker)
+            .arg(&core.replies)
+            .arg(core.options.max_jobs)
+            .arg(group.jobs.len());
+        for pending in &group.jobs {
+            let (key, payload) = &jobs[pending.index];
+            cmd.arg(key).arg(payload).arg(&pending.waiter.request);
+        }
+        cmd
+    }
+}
+
+/// The answers of one `dispatch_many.lua`: one per job (a stale
+/// revision is every job's).
+fn parse_many(value: Value, count: usize) -> Vec<Result<Dispatched>> {
+    let bad = |what: String| (0..count).map(|_| Err(protocol("dispatch_many", &what))).collect();
+    let answers: Vec<Vec<Value>> = match redis::from_redis_value(value) {
+        Ok(answers) => answers,
+        Err(error) => return bad(error.to_string()),
+    };
+    if let [only] = answers.as_slice()
+        && let Ok(stale @ Dispatched::Stale(_)) = Dispatched::parse(only)
+    {
+        return (0..count).map(|_| Ok(stale.clone())).collect();
+    }
+    if answers.len() != count {
+        return bad(format!("{} answers for {count} jobs", answers.len()));
+    }
+    answers.iter().map(|answer| Dispatched::parse(answer)).collect()
 }

@@ -230,12 +230,14 @@ async fn a_batch_starts_each_valid_job_once_and_answers_each_job_in_its_place() 
     jobs.insert(100, (String::new(), b"x".to_vec()));
     jobs.insert(1200, ("taken".into(), b"x".to_vec()));
     jobs.insert(1300, ("refused".into(), b"refuse".to_vec()));
+    // A key twice in one batch: the second finds the first.
+    jobs.push(("b-5".into(), b"again".to_vec()));
     let outcomes = node.dispatch_batch(&jobs).await;
     assert_eq!(outcomes.len(), jobs.len());
-    for ((key, _), outcome) in jobs.iter().zip(&outcomes) {
+    for ((key, payload), outcome) in jobs.iter().zip(&outcomes) {
         match key.as_str() {
             "" => assert!(matches!(outcome, Err(Error::InvalidKey { .. })), "{outcome:?}"),
-            "taken" => {
+            "taken" | "b-5" if payload == b"x" || payload == b"again" => {
                 assert_eq!(outcome.as_ref().unwrap(), &DispatchOutcome::AlreadyExists(JobState::Running));
             }
             "refused" => {
@@ -259,4 +261,19 @@ async fn a_batch_starts_each_valid_job_once_and_answers_each_job_in_its_place() 
     assert!((0..1500).all(|i| started[&format!("b-{i}")] == format!("p{i}").into_bytes()));
     assert_eq!(node.jobs().await.unwrap().len(), 1501);
     finish(&pool, &[&node]).await;
+}
+
+#[tokio::test]
+async fn a_batch_without_workers_is_queued_and_starts_when_a_worker_joins() {
+    let pool = unique("batch_queued");
+    let calls = Calls::default();
+    let client_node = Node::client(&client(), &pool, options()).await.unwrap();
+    let jobs: Vec<(String, Vec<u8>)> = (0..20).map(|i| (format!("q-{i}"), vec![b'q'])).collect();
+    let outcomes = client_node.dispatch_batch(&jobs).await;
+    assert!(outcomes.iter().all(|o| matches!(o, Ok(DispatchOutcome::Queued))), "{outcomes:?}");
+    // One worker: no job moves while the queued ones are assigned.
+    let full = node(&pool, 1, &calls).await;
+    calls.wait_until("the queued jobs start", |c| c.len() == 20).await;
+    assert_eq!(full.jobs().await.unwrap().iter().filter(|j| j.state == JobState::Running).count(), 20);
+    finish(&pool, &[&full, &client_node]).await;
 }

@@ -1,0 +1,47 @@
+-- dispatch_many(rev, worker, reply, max_jobs, n, key1, payload1, request1, …)
+--   -> {answer1, …, answerN}, each as dispatch.lua answers:
+--      {'sent', token} | {'queued'} | {'exists', state} | {'full'};
+--      or {{'stale', rev}}: none was dispatched
+--
+-- KEYS[1] jobs hash   KEYS[2] slot table (rmap hash)   KEYS[3] token counter
+-- KEYS[4] queued set  KEYS[5] the worker's inbox       KEYS[6] the worker's job set
+-- KEYS[6 + i] job i's record
+-- ARGV[1] slot table revision the caller routed with  ARGV[2] worker every
+-- job routes to ('' when there are no slots: queue)  ARGV[3] reply stream
+-- ARGV[4] max jobs in the pool (0: no limit)  ARGV[5] n  then each job's
+-- key, payload and request id
+--
+-- Why a script: for each job, what dispatch.lua does in one step (the
+-- checks, the token, the ownership, the record and the start); the jobs of
+-- a batch that route to one worker share one script, and so its set-up and
+-- the revision check. Each job is claimed after the one before it, so its
+-- answer is the one dispatch.lua would have given in its place.
+local jobs = KEYS[1]
+local rev = redis.call('HGET', KEYS[2], '=rev') or '0'
+if rev ~= ARGV[1] then return {{'stale', rev}} end
+local worker, reply = ARGV[2], ARGV[3]
+local max_jobs, n = tonumber(ARGV[4]), tonumber(ARGV[5])
+local state = worker == '' and 'queued' or 'running'
+local answers = {}
+for i = 1, n do
+  local key, payload, request = ARGV[3 + 3 * i], ARGV[4 + 3 * i], ARGV[5 + 3 * i]
+  local record = KEYS[6 + i]
+  local token = tostring(redis.call('INCR', KEYS[3]))
+  if redis.call('HSETNX', jobs, key, ownership(state, worker, token, 0)) == 0 then
+    answers[i] = {'exists', parse(redis.call('HGET', jobs, key)).state}
+  elseif max_jobs > 0 and redis.call('HLEN', jobs) > max_jobs then
+    redis.call('HDEL', jobs, key)
+    answers[i] = {'full'}
+  elseif worker == '' then
+    redis.call('HSET', record, 'payload', payload, 'created', now_ms(), 'attempt', 1)
+    redis.call('SADD', KEYS[4], key)
+    answers[i] = {'queued'}
+  else
+    local event = first_start(key, token, reply, request, payload)
+    local id = redis.call('XADD', KEYS[5], '*', 'n', 'start', 'p', event)
+    redis.call('HSET', record, 'payload', payload, 'created', string.match(id, '^(%d+)'), 'attempt', 1)
+    redis.call('SADD', KEYS[6], key)
+    answers[i] = {'sent', token}
+  end
+end
+return answers
