@@ -26,8 +26,9 @@
 //! revision, claims the key with a new fencing token and appends the start
 //! to the worker's inbox. The worker starts the job and answers on the
 //! dispatcher's reply stream, where a waiter was registered before anything
-//! was sent. A batch (`Node::dispatch_batch`) runs the same script once per
-//! job, the scripts of up to 1,000 jobs in one pipeline.
+//! was sent. A batch (`Node::dispatch_batch`) claims each job the same way,
+//! the jobs that route to one worker in one script (`dispatch_many.lua`),
+//! every script of the batch in one pipeline.
 #![warn(missing_docs)]
 
 mod context;
