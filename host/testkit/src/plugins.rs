@@ -27,9 +27,15 @@ pub const HOSTILE: &str = "hostile";
 pub const WRONG_WORLD: &str = "wrong_world";
 /// A job producer keeping one job per entry of its `jobs` setting.
 pub const KEEPER: &str = "keeper";
+/// `python-echo`: `echo` in Python, counting like `counter` with the
+/// setting `interval-ms`, trapping on the notification `trap`.
+pub const PYTHON_ECHO: &str = "python_echo";
+/// `js-echo`: the same in JavaScript.
+pub const JS_ECHO: &str = "js_echo";
 
 /// Every plugin the build produces.
-pub const ALL: &[&str] = &[ECHO, COUNTER, FETCHER, TRAP, SPIN, HOG, SLOW, HOSTILE, WRONG_WORLD, KEEPER];
+pub const ALL: &[&str] =
+    &[ECHO, COUNTER, FETCHER, TRAP, SPIN, HOG, SLOW, HOSTILE, WRONG_WORLD, KEEPER, PYTHON_ECHO, JS_ECHO];
 
 /// Where the built plugins are: `PULSE_PLUGIN_DIR` when set, otherwise
 /// `plugins/target/wasm32-wasip2/release` of this repository.

@@ -3,6 +3,7 @@
 //!
 //! - `calls`: start, notify, stop, timers, state, logs, worker isolation.
 //! - `failures`: traps, endless loops, unbounded allocation, guest errors.
+//! - `languages`: one contract, in Rust, Python and JavaScript plugins.
 //! - `load`: components refused at load, configuration refused.
 //! - `capacity`: a thousand live instances and what they cost.
 //! - `outbound`: outgoing HTTP: allow-lists, limits, the fence.
@@ -12,6 +13,7 @@
 mod calls;
 mod capacity;
 mod failures;
+mod languages;
 mod load;
 mod outbound;
 mod producers;
