@@ -8,8 +8,10 @@
 //! `RESULT scenario=NAME key=value …`, plain numbers with the unit in the key
 //! (`_ms`, `_us`, `_mib`, `_per_s`). Scenarios:
 //!
-//! - `runtime`: plugin compile and cached load time, instantiation latency,
-//!   call overhead at 16 B and 64 KiB, resident memory of idle instances.
+//! - `runtime [echo|python-echo|js-echo]…`: plugin compile and cached load
+//!   time, instantiation latency, call overhead at 16 B and 64 KiB,
+//!   resident memory of idle instances; for the `echo` plugin in Rust,
+//!   Python and JavaScript (default: all three).
 //! - `dispatch [noop|echo-job|echo-worker|echo-http|slow|slow-serial|batch]…`:
 //!   confirmed starts per second and their latency, with 1 and 32
 //!   concurrent dispatchers on a client-only node and 4 workers in another
@@ -59,7 +61,7 @@ mod ticker;
 
 use std::process::ExitCode;
 
-const USAGE: &str = "usage: pulse-bench SCENARIO [--quick] [--jobs N] [--redis URL]\nscenarios: runtime, dispatch [noop|echo-job|echo-worker|echo-http|slow|slow-serial|batch]..., idle, fetch, failover, rebalance, ticker";
+const USAGE: &str = "usage: pulse-bench SCENARIO [--quick] [--jobs N] [--redis URL]\nscenarios: runtime [echo|python-echo|js-echo]..., dispatch [noop|echo-job|echo-worker|echo-http|slow|slow-serial|batch]..., idle, fetch, failover, rebalance, ticker";
 
 /// Parsed command line.
 #[derive(Debug)]
@@ -118,7 +120,7 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     };
     let result = match scenario.as_str() {
-        "runtime" => runtime::run(quick),
+        "runtime" => runtime::run(&args.rest[1..], quick),
         "dispatch" => dispatch::run(&args),
         // The worker process the dispatch scenario spawns.
         dispatch::SERVE_WORKERS => dispatch::serve_workers(&args),

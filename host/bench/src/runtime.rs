@@ -1,6 +1,10 @@
 //! The `runtime` scenario: what the plugin runtime costs, with the `echo`
 //! plugin (each `notify` reads a setting and emits the payload back, so a
-//! call includes two host calls).
+//! call includes two host calls), and with the same plugin written in
+//! Python (`python-echo`) and JavaScript (`js-echo`), whose components
+//! carry their interpreter.
+//!
+//! `pulse-bench runtime [echo|python-echo|js-echo]…` (default: all three).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -34,56 +38,105 @@ impl JobOutputs for Discard {
 
 type BenchResult = Result<(), Box<dyn std::error::Error>>;
 
-pub fn run(quick: bool) -> BenchResult {
+/// The plugins measured, by the name given on the command line: the
+/// file's name, how many idle instances the memory figure is measured
+/// over (an interpreter's instances are larger: fewer, then scaled to
+/// 1,000), the memory limit per instance, MiB (the default, 64, for
+/// Rust; JavaScript's collector needs room), and how many 64 KiB calls one
+/// instance gets (componentize-py 0.25.1 keeps each `list<u8>` argument: a
+/// Python instance grows by the payload on every call, about 850 calls of
+/// 64 KiB fill 64 MiB).
+const PLUGINS: [(&str, &str, usize, u64, usize); 3] = [
+    ("echo", "echo", 1_000, 64, 5_000),
+    ("python-echo", "python_echo", 200, 256, 500),
+    ("js-echo", "js_echo", 200, 256, 5_000),
+];
+
+pub fn run(names: &[String], quick: bool) -> BenchResult {
+    let chosen: Vec<_> = if names.is_empty() {
+        PLUGINS.to_vec()
+    } else {
+        names
+            .iter()
+            .map(|name| {
+                PLUGINS.iter().find(|(n, ..)| n == name).copied().ok_or_else(|| {
+                    format!(
+                        "unknown plugin {name:?}: the runtime scenario measures echo, python-echo and js-echo"
+                    )
+                })
+            })
+            .collect::<Result<_, _>>()?
+    };
+    for (name, file, idle, memory_mib, big_calls) in chosen {
+        let idle = if quick { idle / 10 } else { idle };
+        measure_plugin(name, file, idle, memory_mib << 20, big_calls, quick)?;
+    }
+    Ok(())
+}
+
+fn measure_plugin(
+    name: &str,
+    file: &str,
+    idle: usize,
+    memory: u64,
+    big_calls: usize,
+    quick: bool,
+) -> BenchResult {
     let scale = if quick { 10 } else { 1 };
-    let path = plugin_path("echo")?;
+    let config = || RuntimeConfig::default().max_memory_per_instance(memory);
+    let options = || PluginOptions {
+        limits: pulse_runtime::Limits { memory, ..pulse_runtime::Limits::default() },
+        ..PluginOptions::default()
+    };
+    let path = plugin_path(file)?;
     let bytes = std::fs::read(&path).map_err(|e| format!("failed to read {}: {e}", path.display()))?;
 
     let compile = median_of(3, || {
-        let runtime = Runtime::new(RuntimeConfig::default())?;
+        let runtime = Runtime::new(config())?;
         let started = Instant::now();
-        runtime.load("echo", &bytes, PluginOptions::default())?;
+        runtime.load(name, &bytes, options())?;
         Ok(started.elapsed())
     })?;
     let cache = tempfile::tempdir()?;
     // The first load fills the cache; the measured ones hit it.
-    Runtime::new(RuntimeConfig::default().cache_dir(cache.path()))?.load(
-        "echo",
-        &bytes,
-        PluginOptions::default(),
-    )?;
+    Runtime::new(config().cache_dir(cache.path()))?.load(name, &bytes, options())?;
     let cached = median_of(3, || {
-        let runtime = Runtime::new(RuntimeConfig::default().cache_dir(cache.path()))?;
+        let runtime = Runtime::new(config().cache_dir(cache.path()))?;
         let started = Instant::now();
-        runtime.load("echo", &bytes, PluginOptions::default())?;
+        runtime.load(name, &bytes, options())?;
         Ok(started.elapsed())
     })?;
 
     let tokio = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    let runtime = Runtime::new(RuntimeConfig::default())?;
-    let plugin = runtime.load("echo", &bytes, PluginOptions::default())?;
-    let calls = tokio.block_on(measure_calls(&plugin, scale))?;
-    let worker_plugin = runtime.load(
-        "echo",
-        &bytes,
-        PluginOptions { isolation: Isolation::Worker, ..PluginOptions::default() },
-    )?;
+    let runtime = Runtime::new(config())?;
+    let plugin = runtime.load(name, &bytes, options())?;
+    let calls = tokio.block_on(measure_calls(&plugin, big_calls, scale))?;
+    let worker_plugin =
+        runtime.load(name, &bytes, PluginOptions { isolation: Isolation::Worker, ..options() })?;
     let runner = tokio.block_on(measure_runner(&plugin, &worker_plugin, scale))?;
 
     let mut line = report::Result::new("runtime")
-        .field("plugin", "echo")
+        .field("plugin", name)
+        .field("component_mib", format!("{:.1}", bytes.len() as f64 / f64::from(1 << 20)))
+        .field("memory_limit_mib", memory >> 20)
+        .field("calls_64kib", big_calls / scale)
         .millis("compile_ms", compile)
         .millis("cached_load_ms", cached);
     for (key, value) in calls.into_iter().chain(runner) {
         line = line.micros(key, value);
     }
-    let rss = tokio.block_on(measure_idle_memory(&plugin, 1_000))?;
-    line.field("rss_mib_per_1000_idle", format!("{:.1}", rss as f64 / f64::from(1 << 20))).print();
+    let rss = tokio.block_on(measure_idle_memory(&plugin, idle))?;
+    let per_1000 = rss as f64 / f64::from(1 << 20) * 1_000.0 / idle as f64;
+    line.field("idle_instances", idle).field("rss_mib_per_1000_idle", format!("{per_1000:.1}")).print();
     Ok(())
 }
 
 /// Instantiation and direct calls on one instance.
-async fn measure_calls(plugin: &Plugin, scale: usize) -> Result<Vec<(&'static str, Duration)>, CallError> {
+async fn measure_calls(
+    plugin: &Plugin,
+    big_calls: usize,
+    scale: usize,
+) -> Result<Vec<(&'static str, Duration)>, CallError> {
     let outputs: Arc<dyn JobOutputs> = Arc::new(Discard);
     let mut instantiate = Vec::new();
     for round in 0..2_000 / scale + 100 {
@@ -104,7 +157,7 @@ async fn measure_calls(plugin: &Plugin, scale: usize) -> Result<Vec<(&'static st
     ];
     for (size, rounds, p50, p99) in [
         (16, 20_000 / scale, "call_16b_p50_us", "call_16b_p99_us"),
-        (64 * 1024, 5_000 / scale, "call_64kib_p50_us", "call_64kib_p99_us"),
+        (64 * 1024, big_calls / scale, "call_64kib_p50_us", "call_64kib_p99_us"),
     ] {
         let payload = vec![7u8; size];
         let mut samples = Vec::with_capacity(rounds);
