@@ -32,10 +32,25 @@ pub const KEEPER: &str = "keeper";
 pub const PYTHON_ECHO: &str = "python_echo";
 /// `js-echo`: the same in JavaScript.
 pub const JS_ECHO: &str = "js_echo";
+/// `python-keeper`: `keeper` in Python.
+pub const PYTHON_KEEPER: &str = "python_keeper";
 
 /// Every plugin the build produces.
-pub const ALL: &[&str] =
-    &[ECHO, COUNTER, FETCHER, TRAP, SPIN, HOG, SLOW, HOSTILE, WRONG_WORLD, KEEPER, PYTHON_ECHO, JS_ECHO];
+pub const ALL: &[&str] = &[
+    ECHO,
+    COUNTER,
+    FETCHER,
+    TRAP,
+    SPIN,
+    HOG,
+    SLOW,
+    HOSTILE,
+    WRONG_WORLD,
+    KEEPER,
+    PYTHON_ECHO,
+    JS_ECHO,
+    PYTHON_KEEPER,
+];
 
 /// Where the built plugins are: `PULSE_PLUGIN_DIR` when set, otherwise
 /// `plugins/target/wasm32-wasip2/release` of this repository.
