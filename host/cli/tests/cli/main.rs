@@ -7,6 +7,7 @@
 //! - `exposure`: HTTP clients that are slow, idle, too many or foreign;
 //!   the token; Redis over TLS with an ACL user; no secret printed.
 //! - `hosting`: a host runs plugins as workers; the CLI drives their jobs.
+//! - `languages`: Python and JavaScript plugins across a killed host.
 //! - `outbound`: plugins calling HTTP (`fetcher`) across a killed host.
 //! - `schedules`: a host runs a producer plugin's schedule.
 //! - `http`: the HTTP API, metrics and health of a running host.
@@ -19,6 +20,7 @@ mod clients;
 mod exposure;
 mod hosting;
 mod http;
+mod languages;
 mod outbound;
 mod schedules;
 mod status_page;
