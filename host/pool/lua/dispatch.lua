@@ -1,39 +1,53 @@
--- dispatch(key, payload, rev, worker, reply, request, max_jobs)
---   -> {'sent', token} | {'queued'} | {'exists', state} | {'full'} | {'stale', rev}
+-- dispatch(rev, worker, reply, max_jobs, n, key1, payload1, request1, …)
+--   -> {answer1, …, answerN}, each {'sent', token} | {'queued'} |
+--      {'exists', state} | {'full'}; or {{'stale', rev}}: none was dispatched
 --
--- KEYS[1] jobs hash        KEYS[2] the job's record   KEYS[3] slot table (rmap hash)
--- KEYS[4] token counter    KEYS[5] queued set          KEYS[6] the worker's inbox
--- KEYS[7] the worker's job set
--- ARGV[1] key  ARGV[2] payload  ARGV[3] slot table revision the caller routed with
--- ARGV[4] worker chosen ('' when there are no slots: queue)  ARGV[5] reply stream
--- ARGV[6] request id  ARGV[7] max jobs in the pool (0: no limit)
+-- KEYS[1] jobs hash   KEYS[2] slot table (rmap hash)   KEYS[3] token counter
+-- KEYS[4] queued set  KEYS[5] the worker's inbox       KEYS[6] the worker's job set
+-- KEYS[6 + i] job i's record
+-- ARGV[1] slot table revision the caller routed with  ARGV[2] worker every
+-- job routes to ('' when there are no slots: queue)  ARGV[3] reply stream
+-- ARGV[4] max jobs in the pool (0: no limit)  ARGV[5] n  then each job's
+-- key, payload and request id
 --
--- Why a script: the checks (membership unchanged, key free, room in the
--- pool), the token, the ownership, the record and the start event for the
--- worker must be one step, or two dispatchers could both start a key, or
--- a start could reach a worker that no longer owns the slot.
-local jobs, record = KEYS[1], KEYS[2]
-local key, payload = ARGV[1], ARGV[2]
-local rev = redis.call('HGET', KEYS[3], '=rev') or '0'
-if rev ~= ARGV[3] then return {'stale', rev} end
-local token = tostring(redis.call('INCR', KEYS[4]))
-local worker = ARGV[4]
+-- Why a script: for each job, the checks (membership unchanged, key free,
+-- room in the pool), the token, the ownership, the record and the start
+-- event for the worker must be one step, or two dispatchers could both
+-- start a key, or a start could reach a worker that no longer owns the
+-- slot. A single dispatch sends one job; a batch, the jobs that route to
+-- one worker, which share the script's set-up and the revision check. Each
+-- job is claimed after the one before it, so its answer is the one it
+-- would have had alone in its place.
+local jobs = KEYS[1]
+local rev = redis.call('HGET', KEYS[2], '=rev') or '0'
+if rev ~= ARGV[1] then return {{'stale', rev}} end
+local worker, reply = ARGV[2], ARGV[3]
+local max_jobs, n = tonumber(ARGV[4]), tonumber(ARGV[5])
 local state = worker == '' and 'queued' or 'running'
-if redis.call('HSETNX', jobs, key, ownership(state, worker, token, 0)) == 0 then
-  return {'exists', parse(redis.call('HGET', jobs, key)).state}
+local answers = {}
+for i = 1, n do
+  local key, payload, request = ARGV[3 + 3 * i], ARGV[4 + 3 * i], ARGV[5 + 3 * i]
+  local record = KEYS[6 + i]
+  local token = tostring(redis.call('INCR', KEYS[3]))
+  if redis.call('HSETNX', jobs, key, ownership(state, worker, token, 0)) == 0 then
+    answers[i] = {'exists', parse(redis.call('HGET', jobs, key)).state}
+  elseif max_jobs > 0 and redis.call('HLEN', jobs) > max_jobs then
+    redis.call('HDEL', jobs, key)
+    answers[i] = {'full'}
+  elseif worker == '' then
+    redis.call('HSET', record, 'payload', payload, 'created', now_ms(), 'attempt', 1)
+    redis.call('SADD', KEYS[4], key)
+    answers[i] = {'queued'}
+  else
+    -- The start event: key, token, seq, reply stream, request, attempt,
+    -- requeued, created ('' = the event's own time), payload, has state,
+    -- state.
+    local event = ns(key) .. ns(token) .. ns('0') .. ns(reply) .. ns(request) .. ns('1') .. ns('0')
+      .. ns('') .. ns(payload) .. ns('0') .. ns('')
+    local id = redis.call('XADD', KEYS[5], '*', 'n', 'start', 'p', event)
+    redis.call('HSET', record, 'payload', payload, 'created', string.match(id, '^(%d+)'), 'attempt', 1)
+    redis.call('SADD', KEYS[6], key)
+    answers[i] = {'sent', token}
+  end
 end
-local max_jobs = tonumber(ARGV[7])
-if max_jobs > 0 and redis.call('HLEN', jobs) > max_jobs then
-  redis.call('HDEL', jobs, key)
-  return {'full'}
-end
-if worker == '' then
-  redis.call('HSET', record, 'payload', payload, 'created', now_ms(), 'attempt', 1)
-  redis.call('SADD', KEYS[5], key)
-  return {'queued'}
-end
-local event = first_start(key, token, ARGV[5], ARGV[6], payload)
-local id = redis.call('XADD', KEYS[6], '*', 'n', 'start', 'p', event)
-redis.call('HSET', record, 'payload', payload, 'created', string.match(id, '^(%d+)'), 'attempt', 1)
-redis.call('SADD', KEYS[7], key)
-return {'sent', token}
+return answers

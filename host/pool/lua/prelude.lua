@@ -33,14 +33,6 @@ local function held_event(kind, reply, request, payload)
   return ns(kind) .. ns(reply) .. ns(request) .. ns(payload)
 end
 
--- A new job's start event, as a dispatch writes it to the worker's inbox:
--- key, token, seq, reply stream, request, attempt, requeued, created (''
--- = the event's own time), payload, has state, state.
-local function first_start(key, token, reply, request, payload)
-  return ns(key) .. ns(token) .. ns('0') .. ns(reply) .. ns(request) .. ns('1') .. ns('0')
-    .. ns('') .. ns(payload) .. ns('0') .. ns('')
-end
-
 -- The slot table: a fixed number of virtual slots (S, recorded in the
 -- pool's epoch), each held by one worker: field = slot index, value =
 -- worker. A key routes to slot JumpHash(CRC-64(key), S) and so to the

@@ -27,8 +27,8 @@
 //! to the worker's inbox. The worker starts the job and answers on the
 //! dispatcher's reply stream, where a waiter was registered before anything
 //! was sent. A batch (`Node::dispatch_batch`) claims each job the same way,
-//! the jobs that route to one worker in one script (`dispatch_many.lua`),
-//! every script of the batch in one pipeline.
+//! the jobs that route to one worker in one run of the script, every
+//! script of the batch in one pipeline.
 #![warn(missing_docs)]
 
 mod context;

@@ -23,7 +23,6 @@ macro_rules! script {
 }
 
 script!(DISPATCH, "dispatch.lua");
-script!(DISPATCH_MANY, "dispatch_many.lua");
 script!(ASSIGN, "assign.lua");
 script!(ROUTE, "route.lua");
 script!(FINISH, "finish.lua");

@@ -38,31 +38,10 @@ impl Core {
         self.slots.wait_until(CATCH_UP, |slots| slots.revision() >= rev).await;
     }
 
-    /// The keys both scripts that start job `key` on `worker` take first
-    /// (`dispatch.lua`, `assign.lua`): the jobs hash, the job's record, the
-    /// slot table, the token counter, the queued set, the worker's inbox
-    /// and its job set.
-    pub(crate) fn start_keys(&self, key: &str, worker: &str) -> Vec<String> {
-        let keys = &self.keys;
-        vec![
-            keys.jobs.clone(),
-            keys.record(key),
-            self.slots.redis_key().to_owned(),
-            keys.tokens.clone(),
-            keys.queued.clone(),
-            keys.inbox(worker),
-            keys.worker_jobs(worker),
-        ]
-    }
-
-    /// The keys of `dispatch_many.lua` for jobs `jobs` that route to
-    /// `worker`: the jobs hash, the slot table, the token counter, the
-    /// queued set, the worker's inbox and job set, then each job's record.
-    pub(crate) fn start_many_keys<'k>(
-        &self,
-        worker: &str,
-        jobs: impl Iterator<Item = &'k str>,
-    ) -> Vec<String> {
+    /// The keys of `dispatch.lua` for jobs `jobs` that route to `worker`:
+    /// the jobs hash, the slot table, the token counter, the queued set,
+    /// the worker's inbox and job set, then each job's record.
+    pub(crate) fn dispatch_keys<'k>(&self, worker: &str, jobs: impl Iterator<Item = &'k str>) -> Vec<String> {
         let keys = &self.keys;
         let mut all = vec![
             keys.jobs.clone(),
@@ -86,11 +65,20 @@ impl Core {
                 return Ok(());
             }
             let mut conn = core.conn.clone();
-            let mut script_keys = core.start_keys(key, &worker);
-            script_keys.extend([keys.held(key), keys.shutdown.clone()]);
-            let mut cmd = scripts::evalsha(&scripts::ASSIGN, &script_keys);
-            cmd.arg(key).arg(rev.to_string()).arg(&worker);
-            let answer: Vec<Value> = scripts::query(&scripts::ASSIGN, &cmd, &mut conn)
+            let answer: Vec<Value> = scripts::ASSIGN
+                .key(&keys.jobs)
+                .key(keys.record(key))
+                .key(self.slots.redis_key())
+                .key(&keys.tokens)
+                .key(&keys.queued)
+                .key(keys.inbox(&worker))
+                .key(keys.worker_jobs(&worker))
+                .key(keys.held(key))
+                .key(&keys.shutdown)
+                .arg(key)
+                .arg(rev.to_string())
+                .arg(&worker)
+                .invoke_async(&mut conn)
                 .await
                 .map_err(core.redis_error("assign a queued job"))?;
             match super::Assigned::parse(&answer)? {

@@ -1,10 +1,10 @@
 //! Dispatching many jobs at once: the jobs of a batch are grouped by the
-//! worker their keys route to, each group's starts go in one script
-//! (`dispatch_many.lua`, up to [`GROUP`] jobs), all the groups' scripts in
-//! one pipeline, and the workers' answers are awaited together. Each job is
-//! still claimed as `dispatch.lua` claims one, with its own token and
-//! outcome: a batch changes how the starts travel, not what each one
-//! guarantees.
+//! worker their keys route to, each group's starts go in one
+//! `dispatch.lua` (up to [`GROUP`] jobs; a single dispatch sends one), all
+//! the groups' scripts in one pipeline, and the workers' answers are
+//! awaited together. Each job is still claimed on its own, with its own
+//! token and outcome: a batch changes how the starts travel, not what each
+//! one guarantees.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -12,8 +12,8 @@ use std::time::Instant;
 use redis::Value;
 
 use super::Node;
-use super::dispatch::{not_sent, started};
-use crate::core::{Dispatched, Waiter, protocol};
+use super::dispatch::{dispatched, not_sent, started};
+use crate::core::{Dispatched, Waiter};
 use crate::error::Result;
 use crate::job::DispatchOutcome;
 use crate::scripts;
@@ -120,7 +120,7 @@ impl Node {
         outcomes.into_iter().map(|outcome| outcome.expect("every job has an outcome")).collect()
     }
 
-    /// Sends one `dispatch_many.lua` per group, all in one pipeline; a
+    /// Sends one `dispatch.lua` per group, all in one pipeline; a
     /// script the server did not know is loaded and its groups sent
     /// again. Per group: its jobs' answers, in order, or why it failed.
     async fn send_groups(
@@ -137,7 +137,14 @@ impl Node {
             let mut pipe = redis::pipe();
             pipe.ignore_errors();
             for &g in &todo {
-                pipe.add_command(self.dispatch_many_cmd(jobs, &groups[g]));
+                let Group { rev, worker, jobs: pending } = &groups[g];
+                let group: Vec<(&str, &[u8], &str)> = pending
+                    .iter()
+                    .map(|p| {
+                        (jobs[p.index].0.as_str(), jobs[p.index].1.as_slice(), p.waiter.request.as_str())
+                    })
+                    .collect();
+                pipe.add_command(self.dispatch_cmd(*rev, worker, &group));
             }
             let replies: Vec<redis::RedisResult<Value>> = match pipe.query_async(&mut conn).await {
                 Ok(replies) => replies,
@@ -153,13 +160,13 @@ impl Node {
                 match reply {
                     Err(error) if attempt == 0 && scripts::is_unknown_script(&error) => unknown.push(g),
                     Err(error) => answers[g] = Some(Err(error)),
-                    Ok(value) => answers[g] = Some(Ok(parse_many(value, groups[g].jobs.len()))),
+                    Ok(value) => answers[g] = Some(Ok(dispatched(value, groups[g].jobs.len()))),
                 }
             }
             if unknown.is_empty() {
                 break;
             }
-            if let Err(error) = scripts::load(&scripts::DISPATCH_MANY, &mut conn).await {
+            if let Err(error) = scripts::load(&scripts::DISPATCH, &mut conn).await {
                 for &g in &unknown {
                     answers[g] = Some(Err(error.clone()));
                 }
@@ -169,40 +176,4 @@ impl Node {
         }
         answers.into_iter().map(|answer| answer.expect("every group has an answer")).collect()
     }
-
-    /// `dispatch_many.lua` for `group`.
-    fn dispatch_many_cmd(&self, jobs: &[(String, Vec<u8>)], group: &Group<'_>) -> redis::Cmd {
-        let core = &self.core;
-        let keys = core.start_many_keys(&group.worker, group.jobs.iter().map(|p| jobs[p.index].0.as_str()));
-        let mut cmd = scripts::evalsha(&scripts::DISPATCH_MANY, &keys);
-        cmd.arg(group.rev.to_string())
-            .arg(&group.worker)
-            .arg(&core.replies)
-            .arg(core.options.max_jobs)
-            .arg(group.jobs.len());
-        for pending in &group.jobs {
-            let (key, payload) = &jobs[pending.index];
-            cmd.arg(key).arg(payload).arg(&pending.waiter.request);
-        }
-        cmd
-    }
-}
-
-/// The answers of one `dispatch_many.lua`: one per job (a stale
-/// revision is every job's).
-fn parse_many(value: Value, count: usize) -> Vec<Result<Dispatched>> {
-    let bad = |what: String| (0..count).map(|_| Err(protocol("dispatch_many", &what))).collect();
-    let answers: Vec<Vec<Value>> = match redis::from_redis_value(value) {
-        Ok(answers) => answers,
-        Err(error) => return bad(error.to_string()),
-    };
-    if let [only] = answers.as_slice()
-        && let Ok(stale @ Dispatched::Stale(_)) = Dispatched::parse(only)
-    {
-        return (0..count).map(|_| Ok(stale.clone())).collect();
-    }
-    if answers.len() != count {
-        return bad(format!("{} answers for {count} jobs", answers.len()));
-    }
-    answers.iter().map(|answer| Dispatched::parse(answer)).collect()
 }

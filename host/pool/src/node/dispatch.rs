@@ -39,11 +39,13 @@ impl Node {
         let mut waiter = core.waiters.register(core.next_request());
         for _ in 0..MAX_ROUTING_RETRIES {
             let mut conn = core.conn.clone();
-            let cmd = self.dispatch_cmd(key, payload, &waiter.request);
-            let answer: Vec<Value> = scripts::query(&scripts::DISPATCH, &cmd, &mut conn)
+            let (rev, worker) = core.route(key);
+            let cmd = self.dispatch_cmd(rev, &worker, &[(key, payload, waiter.request.as_str())]);
+            let answer: Value = scripts::query(&scripts::DISPATCH, &cmd, &mut conn)
                 .await
                 .map_err(core.redis_error("dispatch"))?;
-            return match Dispatched::parse(&answer)? {
+            let answer = dispatched(answer, 1).pop().expect("one answer per job");
+            return match answer? {
                 Dispatched::Sent => started(waiter.wait(core.options.reply_timeout).await),
                 Dispatched::Stale(rev) => {
                     core.routing_retries.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -56,19 +58,16 @@ impl Node {
         Err(protocol("dispatch", "membership kept changing"))
     }
 
-    /// `dispatch.lua` for job `key`, routed with this node's slot table;
-    /// the worker answers request `request`.
-    pub(super) fn dispatch_cmd(&self, key: &str, payload: &[u8], request: &str) -> redis::Cmd {
+    /// `dispatch.lua` for `jobs` (key, payload, request id), all routed to
+    /// `worker` with slot table revision `rev`.
+    pub(super) fn dispatch_cmd(&self, rev: u64, worker: &str, jobs: &[(&str, &[u8], &str)]) -> redis::Cmd {
         let core = &self.core;
-        let (rev, worker) = core.route(key);
-        let mut cmd = scripts::evalsha(&scripts::DISPATCH, &core.start_keys(key, &worker));
-        cmd.arg(key)
-            .arg(payload)
-            .arg(rev.to_string())
-            .arg(&worker)
-            .arg(&core.replies)
-            .arg(request)
-            .arg(core.options.max_jobs);
+        let keys = core.dispatch_keys(worker, jobs.iter().map(|(key, ..)| *key));
+        let mut cmd = scripts::evalsha(&scripts::DISPATCH, &keys);
+        cmd.arg(rev.to_string()).arg(worker).arg(&core.replies).arg(core.options.max_jobs).arg(jobs.len());
+        for (key, payload, request) in jobs {
+            cmd.arg(*key).arg(*payload).arg(*request);
+        }
         cmd
     }
 
@@ -242,4 +241,23 @@ pub(super) fn not_sent(dispatched: Dispatched) -> DispatchOutcome {
         Dispatched::Full => DispatchOutcome::PoolFull,
         Dispatched::Sent | Dispatched::Stale(_) => DispatchOutcome::Unconfirmed,
     }
+}
+
+/// The answers of one `dispatch.lua` for `count` jobs: one per job (a
+/// stale revision is every job's).
+pub(super) fn dispatched(value: Value, count: usize) -> Vec<Result<Dispatched>> {
+    let bad = |what: String| (0..count).map(|_| Err(protocol("dispatch", &what))).collect();
+    let answers: Vec<Vec<Value>> = match redis::from_redis_value(value) {
+        Ok(answers) => answers,
+        Err(error) => return bad(error.to_string()),
+    };
+    if let [only] = answers.as_slice()
+        && let Ok(stale @ Dispatched::Stale(_)) = Dispatched::parse(only)
+    {
+        return (0..count).map(|_| Ok(stale.clone())).collect();
+    }
+    if answers.len() != count {
+        return bad(format!("{} answers for {count} jobs", answers.len()));
+    }
+    answers.iter().map(|answer| Dispatched::parse(answer)).collect()
 }
