@@ -61,7 +61,7 @@ pub struct Defaults {
 }
 
 /// The defaults of `[http]`'s limits (see [`HttpConfig`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HttpDefaults {
     /// `max_body`, bytes.
     pub max_body: u64,

@@ -345,7 +345,7 @@ impl Check<'_> {
             }
             (None, None) => None,
         };
-        let d = self.defaults.http.clone();
+        let d = self.defaults.http;
         let max_body = self.size("http.max_body", http.max_body.as_ref(), d.max_body, MAX_BODY);
         let allowed_hosts = http
             .allowed_hosts
