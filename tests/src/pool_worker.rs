@@ -170,7 +170,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Calls of different jobs a worker makes at once: PULSE_TEST_CALLS, or
     // the pool's default.
     let worker_options = match std::env::var("PULSE_TEST_CALLS").ok().and_then(|n| n.parse().ok()) {
-        Some(calls) => WorkerOptions { max_concurrent_calls: calls },
+        Some(calls) => WorkerOptions { max_concurrent_calls: calls, ..WorkerOptions::default() },
         None => WorkerOptions::default(),
     };
     for _ in 0..workers.parse::<usize>()? {

@@ -9,14 +9,14 @@
 //! (`pulse_plugin_http_request_seconds`, from their `/metrics`): mean and
 //! the bucket that holds the 99th percentile; each host's resident memory.
 
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pulse_pool::{DispatchOutcome, Node, NodeOptions};
 
 use crate::Args;
-use crate::dispatch::{SERVE_HOST, free_address, wait_for_workers};
+use crate::dispatch::{end_processes, free_address, spawn_serve_host, wait_for_workers};
 use crate::report;
 
 type BenchResult = Result<(), Box<dyn std::error::Error>>;
@@ -51,16 +51,7 @@ pub fn run(args: &Args) -> BenchResult {
         );
         let path = dir.path().join(format!("host{host}.toml"));
         std::fs::write(&path, config)?;
-        let child = Command::new(std::env::current_exe()?)
-            .args([
-                SERVE_HOST,
-                path.to_str().ok_or("the temporary path is not UTF-8")?,
-                "--redis",
-                redis.url(),
-            ])
-            .stdin(Stdio::null())
-            .spawn()?;
-        hosts.push(child);
+        hosts.push(spawn_serve_host(&path, redis.url(), Stdio::null())?);
         apis.push(api);
     }
     let tokio = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
@@ -126,12 +117,7 @@ pub fn run(args: &Args) -> BenchResult {
         node.close().await;
         Ok::<_, Box<dyn std::error::Error>>(())
     });
-    for mut child in hosts {
-        if result.is_err() {
-            let _ = child.kill();
-        }
-        let _ = child.wait();
-    }
+    end_processes(hosts, &result);
     result
 }
 

@@ -46,6 +46,10 @@
 //! - `ticker`: three processes hold one ticker (100 ms); the one that fired
 //!   last is killed with SIGKILL: ticks fired twice, missed, how late, and
 //!   the gap across the kill.
+//! - `rollout`: two hosts run 1,000 `counter` jobs; the plugin's file is
+//!   replaced by `counter-v2` and each host gets SIGHUP in turn: time per
+//!   reload and in all, job moves per job (target ≤ 1), jobs lost.
+//!   Options: `--jobs N`.
 //!
 //! `--quick` runs fewer iterations (a smoke test of the program itself).
 #![allow(clippy::print_stdout, reason = "the program's output is its RESULT lines")]
@@ -56,12 +60,13 @@ mod idle;
 mod membership;
 mod process;
 mod report;
+mod rollout;
 mod runtime;
 mod ticker;
 
 use std::process::ExitCode;
 
-const USAGE: &str = "usage: pulse-bench SCENARIO [--quick] [--jobs N] [--redis URL]\nscenarios: runtime [echo|python-echo|js-echo]..., dispatch [noop|echo-job|echo-worker|echo-http|slow|slow-serial|batch]..., idle, fetch, failover, rebalance, ticker";
+const USAGE: &str = "usage: pulse-bench SCENARIO [--quick] [--jobs N] [--redis URL]\nscenarios: runtime [echo|python-echo|js-echo]..., dispatch [noop|echo-job|echo-worker|echo-http|slow|slow-serial|batch]..., idle, fetch, failover, rebalance, ticker, rollout";
 
 /// Parsed command line.
 #[derive(Debug)]
@@ -132,6 +137,7 @@ fn main() -> ExitCode {
         // The worker processes of the failover scenario.
         membership::SERVE_COUNTING => membership::serve_counting(&args),
         "ticker" => ticker::run(&args),
+        "rollout" => rollout::run(&args),
         // The processes of the ticker scenario.
         ticker::SERVE_TICKER => ticker::serve_ticker(&args),
         other => {

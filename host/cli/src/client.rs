@@ -195,15 +195,81 @@ pub fn print_workers(workers: &[WorkerInfo], as_json: bool) {
     if as_json {
         let list: Vec<_> = workers
             .iter()
-            .map(|w| json!({"id": w.id, "node": w.node, "join": w.join, "slots": w.slots, "jobs": w.jobs}))
+            .map(|w| {
+                json!({"id": w.id, "node": w.node, "join": w.join, "slots": w.slots, "jobs": w.jobs,
+                       "digest": w.release.digest, "version": w.release.version})
+            })
             .collect();
         let _ = writeln!(out, "{}", serde_json::Value::Array(list));
         return;
     }
-    let _ = writeln!(out, "{:<8} {:<20} {:>5} {:>5} {:>6}", "WORKER", "NODE", "JOIN", "SLOTS", "JOBS");
+    print_workers_to(&mut out, workers);
+}
+
+fn print_workers_to(out: &mut impl Write, workers: &[WorkerInfo]) {
+    let _ =
+        writeln!(out, "{:<8} {:<26} {:>5} {:>5} {:>6}  RELEASE", "WORKER", "NODE", "JOIN", "SLOTS", "JOBS");
     for w in workers {
-        let _ = writeln!(out, "{:<8} {:<20} {:>5} {:>5} {:>6}", w.id, w.node, w.join, w.slots, w.jobs);
+        let _ = writeln!(
+            out,
+            "{:<8} {:<26} {:>5} {:>5} {:>6}  {}",
+            w.id, w.node, w.join, w.slots, w.jobs, w.release
+        );
     }
+}
+
+/// Which releases of its plugin a pool's workers run: per release, its
+/// workers, hosts and jobs; then every worker with its own.
+pub fn print_rollout(workers: &[WorkerInfo], recorded: Option<&str>, as_json: bool) {
+    let mut releases: Vec<(&pulse_pool::Release, Vec<&WorkerInfo>)> = Vec::new();
+    for worker in workers {
+        match releases.iter_mut().find(|(release, _)| **release == worker.release) {
+            Some((_, members)) => members.push(worker),
+            None => releases.push((&worker.release, vec![worker])),
+        }
+    }
+    fn nodes_of<'a>(members: &[&'a WorkerInfo]) -> Vec<&'a str> {
+        let mut nodes: Vec<&str> = members.iter().map(|w| w.node.as_str()).collect();
+        nodes.sort_unstable();
+        nodes.dedup();
+        nodes
+    }
+    let mut out = std::io::stdout().lock();
+    if as_json {
+        let list: Vec<_> = releases
+            .iter()
+            .map(|(release, members)| {
+                json!({
+                    "digest": release.digest,
+                    "version": release.version,
+                    "nodes": nodes_of(members),
+                    "workers": members.iter().map(|w| json!({"id": w.id, "node": w.node, "jobs": w.jobs})).collect::<Vec<_>>(),
+                    "jobs": members.iter().map(|w| w.jobs).sum::<u64>(),
+                })
+            })
+            .collect();
+        let _ = writeln!(out, "{}", json!({"handler": recorded, "releases": list}));
+        return;
+    }
+    let _ = writeln!(out, "{:<32} {:>5} {:>7} {:>6}", "RELEASE", "HOSTS", "WORKERS", "JOBS");
+    for (release, members) in &releases {
+        let jobs: u64 = members.iter().map(|w| w.jobs).sum();
+        let _ = writeln!(
+            out,
+            "{:<32} {:>5} {:>7} {:>6}",
+            release.to_string(),
+            nodes_of(members).len(),
+            members.len(),
+            jobs
+        );
+    }
+    let state = match releases.len() {
+        0 => "no workers".to_owned(),
+        1 => "every worker runs one release".to_owned(),
+        n => format!("rolling: workers run {n} releases"),
+    };
+    let _ = writeln!(out, "\n{state}; the pool's handler: {}\n", recorded.unwrap_or("none recorded"));
+    print_workers_to(&mut out, workers);
 }
 
 pub fn print_nodes(nodes: &[pulse_pool::NodeInfo], as_json: bool) {

@@ -4,4 +4,6 @@
 
 mod adapter;
 pub mod defaults;
+mod reload;
 pub mod run;
+mod serve;

@@ -140,6 +140,15 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Shows which releases (digest and version) of its plugin a pool's
+    /// workers run, on which hosts, with how many jobs: the progress of a
+    /// rolling upgrade.
+    Rollout {
+        #[arg(long)]
+        pool: String,
+        #[arg(long)]
+        json: bool,
+    },
     /// Prints what the plugins of a pool emitted.
     Events {
         #[arg(long)]
@@ -267,6 +276,7 @@ async fn client_command(
         Command::Status { pool, .. }
         | Command::Jobs { pool, .. }
         | Command::Workers { pool, .. }
+        | Command::Rollout { pool, .. }
         | Command::Nodes { pool, .. } => {
             let view = client::view(client, pool).await?;
             return finish(read(&view, command).await);
@@ -328,6 +338,10 @@ async fn read(view: &pulse_pool::PoolView, command: Command) -> anyhow::Result<(
         }
         Command::Nodes { json, .. } => {
             client::print_nodes(&view.nodes().await?, json);
+            (exit::OK, String::new())
+        }
+        Command::Rollout { json, .. } => {
+            client::print_rollout(&view.workers().await?, view.handler().await?.as_deref(), json);
             (exit::OK, String::new())
         }
         _ => unreachable!("only read-only commands come here"),

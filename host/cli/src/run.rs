@@ -2,16 +2,14 @@
 //! adds their workers, starts the schedules, and serves until SIGINT or
 //! SIGTERM; then the schedules end here, every worker leaves (its jobs move
 //! to the other hosts, or wait for a worker) and the host exits. A second
-//! signal exits at once.
-
-use std::sync::Arc;
+//! signal exits at once. SIGHUP reloads config.toml (`reload`).
 
 use anyhow::Context;
 use pulse_config::{Config, Isolation};
-use pulse_pool::{Node, NodeOptions, WorkerOptions};
+use pulse_pool::NodeOptions;
 use pulse_runtime::{Limits, PluginOptions, ProducerOptions, Runtime, RuntimeConfig};
 
-use crate::adapter::{WasmHandler, WasmProducer};
+use crate::serve::{Host, load_plugin, load_producer};
 
 /// What a host runs: the runtime, and every plugin and producer of the
 /// configuration, loaded and checked.
@@ -29,41 +27,51 @@ pub struct Loaded {
 /// that is not a valid job handler or job producer.
 pub fn load(config: &Config) -> anyhow::Result<Loaded> {
     let runtime = Runtime::new(runtime_config(config)).context("failed to start the plugin runtime")?;
-    let mut plugins = Vec::new();
-    for plugin in &config.plugins {
-        let options = PluginOptions {
-            limits: limits(&plugin.limits),
-            settings: settings(&plugin.settings),
-            isolation: match plugin.isolation {
-                Isolation::Job => pulse_runtime::Isolation::Job,
-                Isolation::Worker => pulse_runtime::Isolation::Worker,
-            },
-            outbound: outbound(
-                "plugin",
-                &plugin.name,
-                &plugin.allowed_outbound_hosts,
-                plugin.outbound_ca_file.as_deref(),
-                &plugin.limits,
-            )?,
-        };
-        plugins.push(runtime.load_file(&plugin.name, &plugin.path, options)?);
-    }
-    let mut producers = Vec::new();
-    for schedule in &config.schedules {
-        let options = ProducerOptions {
-            limits: limits(&schedule.limits),
-            settings: settings(&schedule.settings),
-            outbound: outbound(
-                "schedule",
-                &schedule.name,
-                &schedule.allowed_outbound_hosts,
-                schedule.outbound_ca_file.as_deref(),
-                &schedule.limits,
-            )?,
-        };
-        producers.push(runtime.load_producer_file(&schedule.name, &schedule.path, options)?);
-    }
+    let plugins = config
+        .plugins
+        .iter()
+        .map(|plugin| load_plugin(&runtime, plugin).map(|loaded| loaded.plugin))
+        .collect::<anyhow::Result<_>>()?;
+    let producers = config
+        .schedules
+        .iter()
+        .map(|schedule| load_producer(&runtime, schedule).map(|loaded| loaded.producer))
+        .collect::<anyhow::Result<_>>()?;
     Ok(Loaded { runtime, plugins, producers })
+}
+
+/// How the runtime runs a plugin: its `[[plugin]]` section.
+pub(crate) fn plugin_options(plugin: &pulse_config::PluginConfig) -> anyhow::Result<PluginOptions> {
+    Ok(PluginOptions {
+        limits: limits(&plugin.limits),
+        settings: settings(&plugin.settings),
+        isolation: match plugin.isolation {
+            Isolation::Job => pulse_runtime::Isolation::Job,
+            Isolation::Worker => pulse_runtime::Isolation::Worker,
+        },
+        outbound: outbound(
+            "plugin",
+            &plugin.name,
+            &plugin.allowed_outbound_hosts,
+            plugin.outbound_ca_file.as_deref(),
+            &plugin.limits,
+        )?,
+    })
+}
+
+/// How the runtime runs a schedule's producer: its `[[schedule]]` section.
+pub(crate) fn producer_options(schedule: &pulse_config::ScheduleConfig) -> anyhow::Result<ProducerOptions> {
+    Ok(ProducerOptions {
+        limits: limits(&schedule.limits),
+        settings: settings(&schedule.settings),
+        outbound: outbound(
+            "schedule",
+            &schedule.name,
+            &schedule.allowed_outbound_hosts,
+            schedule.outbound_ca_file.as_deref(),
+            &schedule.limits,
+        )?,
+    })
 }
 
 /// The values of a plugin's or producer's settings, as it reads them.
@@ -104,7 +112,7 @@ fn outbound(
 }
 
 /// The runtime's configuration from `[runtime]`.
-fn runtime_config(config: &Config) -> RuntimeConfig {
+pub(crate) fn runtime_config(config: &Config) -> RuntimeConfig {
     let runtime_config = RuntimeConfig::default()
         .max_instances(config.runtime.max_instances)
         .max_memory_per_instance(config.runtime.max_memory_per_instance)
@@ -122,15 +130,6 @@ fn limits(limits: &pulse_config::Limits) -> Limits {
         fuel: limits.fuel,
         instances: Some(limits.instances),
     }
-}
-
-/// A plugin's name and the SHA-256 of its file, as recorded with its pool.
-fn plugin_identity(plugin: &pulse_config::PluginConfig) -> anyhow::Result<String> {
-    use sha2::Digest as _;
-    let bytes =
-        std::fs::read(&plugin.path).with_context(|| format!("failed to read {}", plugin.path.display()))?;
-    let digest: String = sha2::Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
-    Ok(format!("{:?} (sha256 {digest})", plugin.name))
 }
 
 pub fn node_options(config: &Config) -> NodeOptions {
@@ -174,7 +173,7 @@ pub async fn run(config: &Config, client: &redis::Client) -> anyhow::Result<()> 
 
 /// The HTTP token: PULSE_HTTP_TOKEN when set (so it need not be in a
 /// file), else `http.token` or the content of `http.token_file`.
-fn http_token(config: &pulse_config::HttpConfig) -> anyhow::Result<Option<pulse_config::Secret>> {
+pub(crate) fn http_token(config: &pulse_config::HttpConfig) -> anyhow::Result<Option<pulse_config::Secret>> {
     match std::env::var("PULSE_HTTP_TOKEN") {
         Ok(token) => match pulse_config::check_token(&token) {
             Ok(()) => Ok(Some(pulse_config::Secret::new(token))),
@@ -245,155 +244,94 @@ async fn serve(
     options: &NodeOptions,
     api: Option<&pulse_http::Api>,
 ) -> anyhow::Result<()> {
-    let loaded = load(config)?;
-    let mut nodes: Vec<Arc<Node>> = Vec::new();
-    let mut clients: Vec<Arc<Node>> = Vec::new();
-    let mut schedules = Vec::new();
-    let started = async {
-        join_pools(config, client, options, &loaded.plugins, &mut nodes).await?;
-        start_schedules(config, client, options, &loaded.producers, &nodes, &mut clients, &mut schedules)
-            .await?;
-        if let Some(api) = api {
-            let pools = nodes.iter().map(|n| (n, true)).chain(clients.iter().map(|n| (n, false)));
-            for (node, workers_here) in pools {
-                api.add_pool(node.clone(), workers_here)
-                    .await
-                    .with_context(|| format!("failed to serve pool {:?} over HTTP", node.pool()))?;
-            }
-            api.set_ready();
-        }
-        anyhow::Ok(())
-    };
-    if let Err(error) = started.await {
-        // Leave what was joined: no slot may stay behind for a worker that
-        // will never read its inbox.
-        drop(schedules);
-        for node in nodes.iter().chain(&clients) {
-            node.close().await;
-        }
-        return Err(error);
+    let mut signals = Signals::new()?;
+    let mut host = Host::start(config, client, options, api).await?;
+    if let Some(api) = api {
+        api.set_ready();
     }
-    tracing::info!(pools = nodes.len(), schedules = schedules.len(), "running; Ctrl-C or SIGTERM to leave");
+    tracing::info!(
+        pools = host.served.len(),
+        schedules = host.schedules.len(),
+        "running; Ctrl-C or SIGTERM to leave, SIGHUP to reload {}",
+        config.path.display()
+    );
     // A host with workers exits once all its pools shut down; one that
     // only runs schedules, on a signal.
-    let all_shut_down = async {
-        if nodes.is_empty() {
-            std::future::pending::<()>().await;
-        }
-        futures_util::future::join_all(nodes.iter().map(|node| node.pool_shut_down())).await;
-    };
-    let signalled = tokio::select! {
-        result = wait_for_signal() => { result?; true }
-        () = all_shut_down => {
-            tracing::info!("every pool of this host was shut down; exiting");
-            false
+    let signalled = loop {
+        let signal = tokio::select! {
+            signal = signals.next() => signal,
+            () = host.all_shut_down() => {
+                tracing::info!("every pool of this host was shut down; exiting");
+                break false;
+            }
+        };
+        match signal {
+            Signal::Leave => break true,
+            Signal::Reload => match host.reload().await {
+                Ok(summary) => tracing::info!(%summary, "reloaded {}", host.config.path.display()),
+                Err(error) => tracing::error!(
+                    "reload refused, still serving the configuration loaded before: {error:#}"
+                ),
+            },
         }
     };
     if let Some(api) = api {
         api.set_leaving();
     }
-    // Schedules end on this host only: the other hosts running them go on.
-    drop(schedules);
-    for node in &clients {
-        node.close().await;
+    if signalled {
+        tracing::info!("leaving: handing jobs to the other hosts (a second signal exits at once)");
     }
-    if !signalled {
-        for node in &nodes {
-            node.close().await;
-        }
-        return Ok(());
-    }
-    tracing::info!("leaving: handing jobs to the other hosts (a second signal exits at once)");
-    let leave = async {
-        for node in &nodes {
-            node.close().await;
-        }
-    };
     tokio::select! {
-        () = leave => {}
-        result = wait_for_signal() => {
-            result?;
+        () = host.leave() => {}
+        () = signals.leave() => {
             tracing::warn!("second signal: exiting without handing the remaining jobs over");
         }
     }
     Ok(())
 }
 
-/// Starts each schedule on the node of its pool: this host's full node
-/// when it serves the pool, otherwise a client-only node (added to
-/// `clients`).
-async fn start_schedules(
-    config: &Config,
-    client: &redis::Client,
-    options: &NodeOptions,
-    producers: &[pulse_runtime::Producer],
-    nodes: &[Arc<Node>],
-    clients: &mut Vec<Arc<Node>>,
-    schedules: &mut Vec<pulse_pool::Schedule>,
-) -> anyhow::Result<()> {
-    for (schedule, producer) in config.schedules.iter().zip(producers) {
-        let node = match nodes.iter().chain(clients.iter()).find(|node| node.pool() == schedule.pool) {
-            Some(node) => node.clone(),
-            None => {
-                let node = Arc::new(
-                    Node::client(client, &schedule.pool, options.clone())
-                        .await
-                        .with_context(|| format!("failed to reach pool {:?}", schedule.pool))?,
-                );
-                clients.push(node.clone());
-                node
+/// What a signal asks of the host.
+enum Signal {
+    /// SIGINT or SIGTERM.
+    Leave,
+    /// SIGHUP.
+    Reload,
+}
+
+/// The signals a running host answers, listened to for its whole life so
+/// none is missed between two waits.
+struct Signals {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+    hangup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> anyhow::Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Self {
+            interrupt: signal(SignalKind::interrupt()).context("failed to listen for SIGINT")?,
+            terminate: signal(SignalKind::terminate()).context("failed to listen for SIGTERM")?,
+            hangup: signal(SignalKind::hangup()).context("failed to listen for SIGHUP")?,
+        })
+    }
+
+    /// The next signal.
+    async fn next(&mut self) -> Signal {
+        tokio::select! {
+            _ = self.interrupt.recv() => Signal::Leave,
+            _ = self.terminate.recv() => Signal::Leave,
+            _ = self.hangup.recv() => Signal::Reload,
+        }
+    }
+
+    /// The next SIGINT or SIGTERM (a reload while leaving is ignored).
+    async fn leave(&mut self) {
+        loop {
+            if let Signal::Leave = self.next().await {
+                return;
             }
-        };
-        let running = node
-            .schedule(&schedule.name, schedule.interval, WasmProducer::new(producer))
-            .await
-            .with_context(|| {
-                format!("failed to start schedule {:?} of pool {:?}", schedule.name, schedule.pool)
-            })?;
-        tracing::info!(pool = %schedule.pool, schedule = %schedule.name, interval = ?schedule.interval, "schedule started");
-        schedules.push(running);
-    }
-    Ok(())
-}
-
-/// Joins each plugin's pool and adds its workers; `nodes` gets every node
-/// joined, also when a later one fails.
-async fn join_pools(
-    config: &Config,
-    client: &redis::Client,
-    options: &NodeOptions,
-    plugins: &[pulse_runtime::Plugin],
-    nodes: &mut Vec<Arc<Node>>,
-) -> anyhow::Result<()> {
-    for (plugin_config, plugin) in config.plugins.iter().zip(plugins) {
-        let node = Arc::new(
-            Node::join(client, &plugin_config.pool, options.clone())
-                .await
-                .with_context(|| format!("failed to join pool {:?}", plugin_config.pool))?,
-        );
-        nodes.push(node.clone());
-        let identity = plugin_identity(plugin_config)?;
-        if let Some(recorded) = node.claim_handler(&identity).await? {
-            anyhow::bail!(
-                "pool {:?} is served by plugin {recorded}; this host brings {identity}: a pool runs one plugin \
-                 (give this plugin another pool, or stop the pool's other hosts first)",
-                plugin_config.pool
-            );
+            tracing::warn!("SIGHUP while leaving: nothing is reloaded");
         }
-        for _ in 0..plugin_config.workers {
-            let options = WorkerOptions { max_concurrent_calls: plugin_config.max_concurrent_calls };
-            let worker = node.add_worker_with(WasmHandler::new(plugin), options).await?;
-            tracing::info!(pool = %plugin_config.pool, plugin = %plugin_config.name, worker, "worker added");
-        }
-    }
-    Ok(())
-}
-
-async fn wait_for_signal() -> anyhow::Result<()> {
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .context("failed to listen for SIGTERM")?;
-    tokio::select! {
-        result = tokio::signal::ctrl_c() => result.context("failed to listen for SIGINT"),
-        _ = terminate.recv() => Ok(()),
     }
 }

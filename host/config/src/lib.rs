@@ -188,6 +188,12 @@ pub struct PluginConfig {
     pub workers: u32,
     /// `isolation`.
     pub isolation: Isolation,
+    /// `version`: a name for this release of the plugin, shown beside its
+    /// digest in listings (empty when not set).
+    pub version: String,
+    /// `upgrade`: whether the pool takes a new release of the plugin while
+    /// it runs another.
+    pub upgrade: Upgrade,
     /// `max_concurrent_calls`: calls of different jobs a worker makes at
     /// once.
     pub max_concurrent_calls: usize,
@@ -233,6 +239,18 @@ pub enum Isolation {
     Job,
     /// `"worker"`.
     Worker,
+}
+
+/// `upgrade`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Upgrade {
+    /// `"rolling"`: a host bringing another file of the same plugin joins
+    /// the pool, whose workers then run either release until every host
+    /// has the new one.
+    Rolling,
+    /// `"refuse"`: a host bringing another file than the one the pool
+    /// recorded is refused.
+    Refuse,
 }
 
 /// `[plugin.limits]`.

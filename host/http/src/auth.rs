@@ -20,9 +20,6 @@ impl std::fmt::Debug for Token {
 }
 
 pub(crate) async fn require_token(State(api): State<Api>, request: Request, next: Next) -> Response {
-    let Some(expected) = &api.inner.token else {
-        return next.run(request).await;
-    };
     let given = request.headers().get(header::AUTHORIZATION).and_then(|value| value.to_str().ok()).and_then(
         |value| {
             // The scheme is case-insensitive (RFC 9110 §11.1).
@@ -30,18 +27,17 @@ pub(crate) async fn require_token(State(api): State<Api>, request: Request, next
             scheme.eq_ignore_ascii_case("bearer").then_some(token)
         },
     );
-    match given {
-        Some(given) if same(given.trim().as_bytes(), expected.0.as_bytes()) => next.run(request).await,
-        Some(_) => {
-            ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "the bearer token is not this host's")
-                .into_response()
-        }
-        None => ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "this host needs `Authorization: Bearer <token>` (http.token of its config)",
-        )
-        .into_response(),
+    // Read per request (a reload of the configuration may change it) and
+    // released before the request goes on.
+    let verdict = match (crate::read(&api.inner.token).as_ref(), given) {
+        (None, _) => Ok(()),
+        (Some(expected), Some(given)) if same(given.trim().as_bytes(), expected.0.as_bytes()) => Ok(()),
+        (Some(_), Some(_)) => Err("the bearer token is not this host's"),
+        (Some(_), None) => Err("this host needs `Authorization: Bearer <token>` (http.token of its config)"),
+    };
+    match verdict {
+        Ok(()) => next.run(request).await,
+        Err(message) => ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message).into_response(),
     }
 }
 

@@ -90,7 +90,7 @@ pub struct Api {
 struct Inner {
     pools: RwLock<BTreeMap<String, Pool>>,
     phase: AtomicU8,
-    token: Option<auth::Token>,
+    token: RwLock<Option<auth::Token>>,
     max_body: usize,
     metrics: Option<PrometheusHandle>,
     hosts: AllowedHosts,
@@ -117,7 +117,7 @@ impl Api {
             inner: Arc::new(Inner {
                 pools: RwLock::new(BTreeMap::new()),
                 phase: AtomicU8::new(STARTING),
-                token: options.token.map(auth::Token),
+                token: RwLock::new(options.token.map(auth::Token)),
                 max_body: options.max_body.max(1),
                 metrics: options.metrics,
                 hosts: options.hosts,
@@ -138,6 +138,16 @@ impl Api {
         let pool = Pool { node: node.clone(), events, workers_here };
         write(&self.inner.pools).insert(node.pool().to_owned(), pool);
         Ok(())
+    }
+
+    /// No longer answers for `pool` (this host left it).
+    pub fn remove_pool(&self, pool: &str) {
+        write(&self.inner.pools).remove(pool);
+    }
+
+    /// The bearer token requests must carry from now on (`None`: none).
+    pub fn set_token(&self, token: Option<String>) {
+        *write(&self.inner.token) = token.map(auth::Token);
     }
 
     /// `/readyz` answers 200 from now on: every pool joined, every plugin
@@ -224,7 +234,9 @@ pub fn routes() -> Vec<Route> {
 pub fn router(api: Api) -> Router {
     let mut router = Router::new();
     for Route { path, open, handler, .. } in routes() {
-        let handler = if open || api.inner.token.is_none() {
+        // The check runs whether or not a token is set now: a reload of
+        // the configuration may set one.
+        let handler = if open {
             handler
         } else {
             handler.route_layer(axum::middleware::from_fn_with_state(api.clone(), auth::require_token))

@@ -40,7 +40,10 @@ pub(crate) async fn workers(
         .workers()
         .await?
         .iter()
-        .map(|w| json!({"id": w.id, "node": w.node, "join": w.join, "slots": w.slots, "jobs": w.jobs}))
+        .map(|w| {
+            json!({"id": w.id, "node": w.node, "join": w.join, "slots": w.slots, "jobs": w.jobs,
+                   "digest": w.release.digest, "version": w.release.version})
+        })
         .collect();
     let nodes: Vec<Value> = node.nodes().iter().map(|n| json!({"id": n.id, "workers": n.workers})).collect();
     Ok(Json(json!({"workers": workers, "nodes": nodes})))

@@ -62,6 +62,23 @@ local function holders_of(held)
   return order
 end
 
+-- Gives `worker`, who holds no slot, every slot of `predecessor`. False
+-- (and nothing changes) when `worker` holds slots already or
+-- `predecessor` holds none.
+local function inherit_slots(slots, worker, predecessor)
+  local moves = {}
+  for slot, w in pairs(rmap_entries(slots)) do
+    if w == worker then return false end
+    if w == predecessor then
+      table.insert(moves, slot)
+      table.insert(moves, worker)
+    end
+  end
+  if #moves == 0 then return false end
+  rmap_set_many(slots, moves)
+  return true
+end
+
 -- Gives `worker`, who holds no slot, its share of the `count` slots: the
 -- free slots and then slots of the most loaded workers, until it holds
 -- floor(count / workers); every worker then holds that or one more.

@@ -28,6 +28,12 @@ pub enum Error {
         /// The limit.
         limit: usize,
     },
+    /// A worker's release (digest or version) contains `|`.
+    #[error("invalid worker release {0:?}: its digest and version may not contain '|'")]
+    InvalidRelease(String),
+    /// A worker to replace is not one of this node's.
+    #[error("worker {0:?} is not a worker of this node")]
+    UnknownWorker(String),
     /// A client-only node was asked to host a worker.
     #[error("a client-only node cannot host workers")]
     ClientOnly,

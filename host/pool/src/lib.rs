@@ -52,6 +52,6 @@ pub use emitted::{Emitted, EmittedEvents, Followed, Following};
 pub use error::{Error, Result};
 pub use job::{DispatchOutcome, EventOutcome, HandlerError, Job, JobHandler, JobInfo, JobState};
 pub use node::{JobCounts, Node, NodeInfo, PoolView, WorkerInfo};
-pub use options::{NodeOptions, WorkerOptions};
+pub use options::{NodeOptions, Release, WorkerOptions};
 pub use schedule::{Applied, JobProducer, Plan, ProducerError, Schedule};
 pub use ticker::{Tick, Ticker};

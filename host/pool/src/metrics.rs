@@ -9,7 +9,8 @@
 //!   `refused`, `failed`, `full`, `unconfirmed`.
 //! - `pulse_rebalances_total`: times a worker of this node moved jobs whose
 //!   keys route elsewhere after a slot-table change;
-//!   `pulse_moved_jobs_total`: the jobs it moved.
+//!   `pulse_moved_jobs_total`: the jobs its workers handed to others, for
+//!   those changes and when they left.
 //! - `pulse_evictions_total`: workers this node's janitor evicted (lease
 //!   expired); `pulse_evicted_jobs_total`: the jobs they held, queued again.
 //! - `pulse_lease_renewals_failed_total`: renewals that did not reach Redis.

@@ -85,17 +85,46 @@ impl Default for NodeOptions {
 /// Options of one worker.
 ///
 /// Defaults: `max_concurrent_calls`: 32 (calls of different jobs a
-/// worker makes at once; 1 makes it one call at a time).
+/// worker makes at once; 1 makes it one call at a time); `release`: empty.
 #[derive(Debug, Clone)]
 pub struct WorkerOptions {
     /// Handler calls of different jobs a worker makes at once. Calls for
     /// one job are made one after the other, in order, whatever this is; 1
     /// makes every call wait for the one before.
     pub max_concurrent_calls: usize,
+    /// What the worker runs, as the pool's listings show it.
+    pub release: Release,
 }
 
 impl Default for WorkerOptions {
     fn default() -> Self {
-        Self { max_concurrent_calls: 32 }
+        Self { max_concurrent_calls: 32, release: Release::default() }
+    }
+}
+
+/// What a worker runs, as its host names it: a digest of the handler's
+/// code and a version name, each empty when not told. Recorded with the
+/// worker's membership, so every node's listings show which workers run
+/// which code while a new version rolls through a pool. Neither may
+/// contain `|`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Release {
+    /// A digest of the handler's code (say, `sha256:…` of its file).
+    pub digest: String,
+    /// A version name (say, `2.1.0`).
+    pub version: String,
+}
+
+/// `version digest` with the digest cut to its algorithm and 12 hex
+/// digits (`2.1.0 sha256:0123456789ab`), or what is set, or `-`.
+impl std::fmt::Display for Release {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let digest: String = self.digest.chars().take(19).collect();
+        match (self.version.is_empty(), digest.is_empty()) {
+            (true, true) => f.write_str("-"),
+            (false, true) => f.write_str(&self.version),
+            (true, false) => f.write_str(&digest),
+            (false, false) => write!(f, "{} {digest}", self.version),
+        }
     }
 }

@@ -303,7 +303,20 @@ impl Runtime {
             path: path.to_owned(),
             source,
         })?;
-        Producer::load(&self.inner, name, &bytes, options)
+        self.load_producer(name, &bytes, options)
+    }
+
+    /// Loads, checks and pre-instantiates the job producer of `bytes`.
+    ///
+    /// # Errors
+    /// [`LoadError`] naming the producer and what is wrong with it.
+    pub fn load_producer(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        options: ProducerOptions,
+    ) -> Result<Producer, LoadError> {
+        Producer::load(&self.inner, name, bytes, options)
     }
 
     /// The configuration the runtime was built with.

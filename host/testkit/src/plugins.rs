@@ -10,6 +10,8 @@ use std::path::PathBuf;
 pub const ECHO: &str = "echo";
 /// `counter`: a timer-driven job that saves its count (an example plugin).
 pub const COUNTER: &str = "counter";
+/// `counter-v2`: `counter`'s second release; its ticks emit `v2 <count>`.
+pub const COUNTER_V2: &str = "counter_v2";
 /// `fetcher`: polls an HTTP endpoint per job and emits what changed (an
 /// example plugin).
 pub const FETCHER: &str = "fetcher";
@@ -39,6 +41,7 @@ pub const PYTHON_KEEPER: &str = "python_keeper";
 pub const ALL: &[&str] = &[
     ECHO,
     COUNTER,
+    COUNTER_V2,
     FETCHER,
     TRAP,
     SPIN,

@@ -6,6 +6,8 @@
 //! - Each tick increments the count, saves it (so a move or a crash resumes
 //!   from there) and emits it as progress. When the payload names a target
 //!   (a decimal number), the job completes once the count reaches it.
+//!   Built with the `v2` feature (the `counter-v2` plugin), it emits
+//!   `v2 <count>`: a second release, for rolling upgrades.
 //! - `notify` with `reset` sets the count back to 0; anything else is
 //!   refused as invalid input.
 //!
@@ -89,7 +91,10 @@ impl Guest for Counter {
         };
         let text = value.to_string();
         host::save_state(&key, text.as_bytes()).map_err(host_error)?;
-        host::emit(&key, text.as_bytes()).map_err(host_error)?;
+        // The second release (`counter-v2`) says which it is; the saved
+        // state stays the bare count, which both read.
+        let emitted = if cfg!(feature = "v2") { format!("v2 {text}") } else { text };
+        host::emit(&key, emitted.as_bytes()).map_err(host_error)?;
         if done {
             jobs().remove(&key);
             host::complete(&key).map_err(host_error)?;

@@ -46,6 +46,7 @@ use crate::report::{self, percentile};
 use processes::spawn_noop_workers;
 pub(crate) use processes::{Dispatcher, free_address, spawn_host, wait_for_workers};
 pub use processes::{SERVE_HOST, SERVE_WORKERS, serve_host, serve_workers};
+pub(crate) use processes::{end_processes, spawn_serve_host};
 
 pub(crate) const WORKERS: usize = 4;
 pub(crate) const PAYLOAD: [u8; 100] = [7; 100];

@@ -151,11 +151,31 @@ pub(crate) fn spawn_host(
     );
     let path = dir.join(format!("{pool}.toml"));
     std::fs::write(&path, config)?;
-    let path = path.to_str().ok_or("the temporary directory's path is not UTF-8")?;
+    spawn_serve_host(&path, url, Stdio::piped())
+}
+
+/// This program re-run as `serve-host` with the config at `config`.
+pub(crate) fn spawn_serve_host(
+    config: &Path,
+    url: &str,
+    stdin: Stdio,
+) -> Result<Child, Box<dyn std::error::Error>> {
+    let path = config.to_str().ok_or("the temporary directory's path is not UTF-8")?;
     Ok(Command::new(std::env::current_exe()?)
         .args([SERVE_HOST, path, "--redis", url])
-        .stdin(Stdio::piped())
+        .stdin(stdin)
         .spawn()?)
+}
+
+/// Waits for each of `processes` to end; kills them first when the
+/// scenario failed (they would wait for a shutdown that never comes).
+pub(crate) fn end_processes<T>(processes: Vec<Child>, result: &Result<T, Box<dyn std::error::Error>>) {
+    for mut child in processes {
+        if result.is_err() {
+            let _ = child.kill();
+        }
+        let _ = child.wait();
+    }
 }
 
 /// Waits until the pool lists `count` workers with slots; fails when one

@@ -43,7 +43,8 @@ const LEASE_TTL: Duration = Duration::from_secs(2);
 /// How long a change may take before the scenario gives up on it.
 const PATIENCE: Duration = Duration::from_secs(60);
 
-async fn dispatch_all(node: &Arc<Node>, jobs: usize) -> BenchResult {
+/// Dispatches `job-0` … `job-<jobs - 1>`, 32 at a time; each must start.
+pub(crate) async fn dispatch_all(node: &Arc<Node>, jobs: usize) -> BenchResult {
     let mut lanes = Vec::new();
     for lane in 0..32 {
         let node = node.clone();

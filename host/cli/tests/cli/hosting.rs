@@ -1,7 +1,7 @@
 //! A host runs plugins as pool workers; the CLI drives their jobs.
 
 use pulse_testkit::RedisServer;
-use pulse_testkit::plugins::{ECHO, TRAP};
+use pulse_testkit::plugins::{COUNTER, ECHO, TRAP};
 
 use crate::{Host, cli, eventually, job_workers, wait_for_workers, write_config};
 
@@ -128,6 +128,22 @@ fn a_host_bringing_another_plugin_to_a_pool_is_refused_with_both_digests() {
     assert!(err.contains("pool \"shared\" is served by plugin \"echo\" (sha256 "), "{err}");
     assert!(err.contains("this host brings \"trap\" (sha256 "), "{err}");
     // The refused host left nothing behind: the pool still has one worker.
+    wait_for_workers(&first, redis, "shared", 1);
+
+    // Another file of the same plugin is a new release: refused when the
+    // host says `upgrade = "refuse"`.
+    let third_dir = tempfile::tempdir().unwrap();
+    let third =
+        write_config(third_dir.path(), &[("echo", COUNTER, "pool = \"shared\"\nupgrade = \"refuse\"")], "");
+    let output = std::process::Command::new(crate::binary())
+        .arg("--config")
+        .arg(&third)
+        .args(["--redis", server.url(), "run"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{err}");
+    assert!(err.contains("this plugin has `upgrade = \"refuse\"`"), "{err}");
     wait_for_workers(&first, redis, "shared", 1);
     assert_eq!(host.terminate(), 0);
 }

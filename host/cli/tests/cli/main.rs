@@ -11,6 +11,7 @@
 //! - `outbound`: plugins calling HTTP (`fetcher`) across a killed host.
 //! - `schedules`: a host runs a producer plugin's schedule.
 //! - `http`: the HTTP API, metrics and health of a running host.
+//! - `upgrades`: a new release of a plugin rolled through two hosts by SIGHUP.
 //! - `status_page`: the status page in headless Chromium.
 #![allow(clippy::unwrap_used, reason = "tests and their helpers: a panic is the failure report")]
 
@@ -24,6 +25,7 @@ mod languages;
 mod outbound;
 mod schedules;
 mod status_page;
+mod upgrades;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

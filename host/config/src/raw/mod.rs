@@ -18,7 +18,7 @@ use toml::Spanned;
 use crate::units::{self, DURATION_FORMS, SIZE_FORMS};
 use crate::{
     Config, Defaults, HttpConfig, Isolation, Limits, NodeConfig, PluginConfig, Problem, RedisConfig,
-    RuntimeConfig, ScheduleConfig, Secret, line_of,
+    RuntimeConfig, ScheduleConfig, Secret, Upgrade, line_of,
 };
 
 // The range of every number, size and duration: what `check` enforces
@@ -120,6 +120,8 @@ struct Plugin {
     pool: Option<Spanned<String>>,
     workers: Option<Spanned<u64>>,
     isolation: Option<Spanned<String>>,
+    version: Option<Spanned<String>>,
+    upgrade: Option<Spanned<String>>,
     max_concurrent_calls: Option<Spanned<u64>>,
     #[serde(default)]
     allowed_outbound_hosts: Vec<String>,
@@ -292,6 +294,21 @@ impl File {
                     Isolation::Job
                 }
             };
+            let upgrade = match plugin.upgrade.as_ref().map(|u| (u, u.get_ref().as_str())) {
+                None | Some((_, "rolling")) => Upgrade::Rolling,
+                Some((_, "refuse")) => Upgrade::Refuse,
+                Some((spanned, other)) => {
+                    check.problem(
+                        spanned,
+                        format!("`upgrade` = {other:?}: allowed are \"rolling\" and \"refuse\""),
+                    );
+                    Upgrade::Rolling
+                }
+            };
+            let version = match &plugin.version {
+                Some(version) if check.name("version", version) => version.get_ref().clone(),
+                _ => String::new(),
+            };
             let limits = check.limits("plugin", &plugin.name, &plugin.limits, &runtime);
             quotas.push(plugin.limits.instances.clone());
             plugins.push(PluginConfig {
@@ -300,6 +317,8 @@ impl File {
                 pool,
                 workers: check.count("workers", plugin.workers.as_ref(), 1, WORKERS) as u32,
                 isolation,
+                version,
+                upgrade,
                 max_concurrent_calls: check.count(
                     "max_concurrent_calls",
                     plugin.max_concurrent_calls.as_ref(),

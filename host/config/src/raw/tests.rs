@@ -97,6 +97,31 @@ fn defaults_fill_what_is_absent() {
 }
 
 #[test]
+fn a_plugin_names_its_version_and_how_it_is_upgraded() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("p.wasm"), b"").unwrap();
+    let path = dir.path().join("config.toml");
+    let config = parse(&path, "[[plugin]]\nname = \"p\"\npath = \"p.wasm\"\n").unwrap();
+    assert_eq!(
+        (config.plugins[0].version.as_str(), config.plugins[0].upgrade),
+        ("", crate::Upgrade::Rolling)
+    );
+    let text = "[[plugin]]\nname = \"p\"\npath = \"p.wasm\"\nversion = \"2.1.0\"\nupgrade = \"refuse\"\n";
+    let config = parse(&path, text).unwrap();
+    assert_eq!(
+        (config.plugins[0].version.as_str(), config.plugins[0].upgrade),
+        ("2.1.0", crate::Upgrade::Refuse)
+    );
+    let text = "[[plugin]]\nname = \"p\"\npath = \"p.wasm\"\nversion = \"2 | 1\"\nupgrade = \"eager\"\n";
+    let error = parse(&path, text).unwrap_err();
+    let lines: Vec<_> = error.problems.iter().map(|p| p.line).collect();
+    assert_eq!(lines, [Some(4), Some(5)], "{error}");
+    let message = error.to_string();
+    assert!(message.contains("`upgrade` = \"eager\": allowed are \"rolling\" and \"refuse\""), "{message}");
+    assert!(message.contains("version name \"2 | 1\": allowed are"), "{message}");
+}
+
+#[test]
 fn schedules_are_checked_like_plugins() {
     let text = "[[schedule]]\nname = \"keep\"\npath = \"missing.wasm\"\npool = \"a b\"\ninterval = \"5ms\"\n\n\
                 [[schedule]]\nname = \"x\"\npath = \"m.wasm\"\npool = \"p\"\ninterval = \"1s\"\nwhen = 3\n";

@@ -17,6 +17,7 @@ use super::{Core, Join};
 use crate::error::{Error, Result};
 use crate::hash::{VIRTUAL_SLOTS, slot_count};
 use crate::keys::PoolKeys;
+use crate::options::Release;
 use crate::scripts;
 
 impl Core {
@@ -36,8 +37,17 @@ impl Core {
 
     /// Makes worker `id` a member: entry, lease and its share of the
     /// slots, in one step; returns once this node's replica of the slot
-    /// table shows the join (or after a few seconds regardless).
-    pub(crate) async fn join_worker(&self, id: &str, join: u64) -> Result<()> {
+    /// table shows the join (or after a few seconds regardless). With
+    /// `heir_of`, its slots are exactly those of that worker (which keeps
+    /// its entry and lease until it leaves): it takes over that worker's
+    /// keys and no other worker's.
+    pub(crate) async fn join_worker(
+        &self,
+        id: &str,
+        join: u64,
+        release: &Release,
+        heir_of: Option<&str>,
+    ) -> Result<()> {
         let keys = &self.keys;
         // Read together: the slot count is the epoch's.
         let (epoch, slot_count) = (self.lease.epoch(), self.lease.slot_count());
@@ -48,10 +58,11 @@ impl Core {
             .key(&keys.shutdown)
             .key(&keys.epoch)
             .arg(id)
-            .arg(format!("{}|{join}", self.id))
+            .arg(worker_entry(&self.id, join, release))
             .arg(millis(self.options.lease_ttl))
             .arg(epoch)
-            .arg(slot_count);
+            .arg(slot_count)
+            .arg(heir_of.unwrap_or(""));
         let answer: Vec<Value> =
             invocation.invoke_async(&mut conn).await.map_err(self.redis_error("join a worker"))?;
         match Join::parse(&answer)? {
@@ -259,4 +270,20 @@ pub(crate) async fn pool_epoch(
 /// The epoch given to a replicated map's hash if a script creates it.
 fn map_epoch() -> String {
     format!("{:016x}", fastrand::u64(..))
+}
+
+/// A worker's entry in the workers map: `node|join|digest|version`.
+pub(crate) fn worker_entry(node: &str, join: u64, release: &Release) -> String {
+    format!("{node}|{join}|{}|{}", release.digest, release.version)
+}
+
+/// The node, join number and release of a workers entry (an entry that
+/// ends after its join number has an empty release).
+pub(crate) fn parse_entry(entry: &str) -> Option<(&str, u64, Release)> {
+    let mut parts = entry.splitn(4, '|');
+    let node = parts.next()?;
+    let join = parts.next()?.parse().ok()?;
+    let digest = parts.next().unwrap_or_default().to_owned();
+    let version = parts.next().unwrap_or_default().to_owned();
+    Some((node, join, Release { digest, version }))
 }

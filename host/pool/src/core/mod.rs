@@ -31,7 +31,7 @@ use crate::scripts;
 
 pub(crate) use answers::{Assigned, Dispatched, Join, Outcome, Routed, protocol};
 pub(crate) use fence::{Lease, WorkerFence, tick};
-pub(crate) use membership::pool_epoch;
+pub(crate) use membership::{parse_entry, pool_epoch};
 pub(crate) use replies::{Answer, Waiter, Waiters, start as start_replies};
 
 /// What a node's parts share.

@@ -32,6 +32,8 @@ pub struct WorkerInfo {
     pub slots: u32,
     /// How many jobs it owns.
     pub jobs: u64,
+    /// What it runs, as its host named it.
+    pub release: crate::options::Release,
 }
 
 /// How many jobs a pool holds, by state.
@@ -141,7 +143,7 @@ impl Node {
 pub(super) fn nodes_of(workers: HashMap<String, String>) -> Vec<NodeInfo> {
     let mut nodes: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for (worker, value) in workers {
-        if let Some((node, _)) = value.split_once('|') {
+        if let Some((node, _, _)) = crate::core::parse_entry(&value) {
             nodes.entry(node.to_owned()).or_default().push(worker);
         }
     }
@@ -285,13 +287,14 @@ pub(super) async fn workers_of<C: ConnectionLike + Send>(
     let mut workers: Vec<WorkerInfo> = workers
         .into_iter()
         .filter_map(|(id, value)| {
-            let (node, join) = value.split_once('|')?;
+            let (node, join, release) = crate::core::parse_entry(&value)?;
             Some(WorkerInfo {
                 slots: held.get(&id).map_or(0, |&n| u32::try_from(n).unwrap_or(u32::MAX)),
                 node: node.to_owned(),
-                join: join.parse().ok()?,
+                join,
                 id,
                 jobs: 0,
+                release,
             })
         })
         .collect();

@@ -45,8 +45,48 @@ impl Node {
     /// Not cancel safe: a worker that joined before the future was dropped
     /// stays a member without a handle; close the node.
     pub async fn add_worker_with<H: JobHandler>(&self, handler: H, options: WorkerOptions) -> Result<String> {
+        self.join_worker(handler, options, None).await
+    }
+
+    /// Replaces worker `old` of this node by a new one running `handler`
+    /// as `options` say (say, a new release of the plugin); returns the
+    /// new worker's id. The new worker joins holding exactly `old`'s slots,
+    /// so `old`'s jobs move once, to it, with the state they last saved
+    /// (a `requeued` start), and no other job moves; then `old` leaves.
+    ///
+    /// # Errors
+    /// [`Error::UnknownWorker`] when `old` is not a worker of this node;
+    /// those of [`Node::add_worker_with`].
+    ///
+    /// # Cancel safety
+    /// Not cancel safe (see [`Node::add_worker_with`] and
+    /// [`Node::remove_worker`]).
+    pub async fn replace_worker<H: JobHandler>(
+        &self,
+        old: &str,
+        handler: H,
+        options: WorkerOptions,
+    ) -> Result<String> {
+        if !self.lock_workers().contains_key(old) {
+            return Err(Error::UnknownWorker(old.to_owned()));
+        }
+        let id = self.join_worker(handler, options, Some(old)).await?;
+        self.remove_worker(old).await?;
+        Ok(id)
+    }
+
+    async fn join_worker<H: JobHandler>(
+        &self,
+        handler: H,
+        options: WorkerOptions,
+        heir_of: Option<&str>,
+    ) -> Result<String> {
         if self.client_only {
             return Err(Error::ClientOnly);
+        }
+        let release = &options.release;
+        if release.digest.contains('|') || release.version.contains('|') {
+            return Err(Error::InvalidRelease(format!("{}|{}", release.digest, release.version)));
         }
         let core = &self.core;
         let mut conn = core.conn.clone();
@@ -58,7 +98,7 @@ impl Node {
         let id = format!("w{join}");
         // Reading before taking a slot: starts routed to it are not missed.
         let handle = worker::spawn(self.core.clone(), id.clone(), join, handler, &options).await?;
-        if let Err(error) = core.join_worker(&id, join).await {
+        if let Err(error) = core.join_worker(&id, join, &options.release, heir_of).await {
             handle.leave().await;
             return Err(error);
         }
@@ -90,6 +130,27 @@ impl Node {
             .await
             .map_err(core.redis_error("record the pool's handler"))?;
         Ok((recorded != identity).then_some(recorded))
+    }
+
+    /// Records `identity` as the handler that serves the pool, in place of
+    /// the one recorded: a new release of the pool's handler rolls
+    /// through it (see [`Node::claim_handler`]).
+    ///
+    /// # Errors
+    /// Redis failures.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: one write, made or not.
+    pub async fn record_handler(&self, identity: &str) -> Result<()> {
+        let core = &self.core;
+        let mut conn = core.conn.clone();
+        let () = redis::cmd("SET")
+            .arg(&core.keys.handler)
+            .arg(identity)
+            .query_async(&mut conn)
+            .await
+            .map_err(core.redis_error("record the pool's handler"))?;
+        Ok(())
     }
 
     /// Removes worker `id` of this node: it leaves the slot table (no new

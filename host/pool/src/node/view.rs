@@ -80,6 +80,22 @@ impl PoolView {
         workers_of(&mut self.conn.clone(), &self.keys, held, workers).await
     }
 
+    /// The handler recorded as the pool's (see [`super::Node::claim_handler`]);
+    /// `None` before any host claimed it.
+    ///
+    /// # Errors
+    /// Redis failures.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    pub async fn handler(&self) -> Result<Option<String>> {
+        redis::cmd("GET")
+            .arg(&self.keys.handler)
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(self.keys.redis_error("read the pool's handler"))
+    }
+
     /// The pool's full nodes, from the workers they host.
     ///
     /// # Errors

@@ -103,6 +103,7 @@ pub(crate) async fn spawn<H: JobHandler>(
         core,
         id,
         join,
+        release: options.release.clone(),
         fence,
         lost: false,
         skipped: false,

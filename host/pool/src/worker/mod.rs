@@ -88,6 +88,8 @@ struct Worker<H> {
     id: String,
     /// Its join number (in its workers entry).
     join: u64,
+    /// What it runs (in its workers entry).
+    release: crate::options::Release,
     /// Its own fence: falls when a renewal finds it evicted or it finds its
     /// lease may have ended; its jobs' contexts share it.
     fence: WorkerFence,

@@ -31,6 +31,7 @@ impl<H: JobHandler> Worker<H> {
                 // (and its leaving siblings') are given up already.
                 let all: Vec<String> = self.running.keys().cloned().collect();
                 let handed = self.hand_back(all, inbox, ended).await;
+                self.core.metrics.moved_jobs.increment(handed.len() as u64);
                 self.assign_all(handed).await;
                 for (key, retrying) in std::mem::take(&mut self.retrying) {
                     self.requeue(&key, &retrying.event.token).await;
@@ -150,13 +151,15 @@ impl<H: JobHandler> Worker<H> {
             self.orphans = None;
             self.last_read = "0-0".to_owned();
             let joined = match open_inbox(&self.inbox).await {
-                Ok((reader, inbox)) => match self.core.join_worker(&self.id, self.join).await {
-                    Ok(()) => Ok((reader, inbox)),
-                    Err(error) => {
-                        reader.close().await;
-                        Err(error)
+                Ok((reader, inbox)) => {
+                    match self.core.join_worker(&self.id, self.join, &self.release, None).await {
+                        Ok(()) => Ok((reader, inbox)),
+                        Err(error) => {
+                            reader.close().await;
+                            Err(error)
+                        }
                     }
-                },
+                }
                 Err(error) => Err(error),
             };
             match joined {

@@ -56,7 +56,9 @@ async fn gated_node(pool: &str, calls: &Calls, gates: &Gates, max_concurrent_cal
     pulse_testkit::init_tracing();
     let node = Node::join(&crate::client(), pool, options()).await.unwrap();
     let handler = Gated { inner: Recording::new(calls), gates: gates.clone() };
-    node.add_worker_with(handler, WorkerOptions { max_concurrent_calls }).await.unwrap();
+    node.add_worker_with(handler, WorkerOptions { max_concurrent_calls, ..WorkerOptions::default() })
+        .await
+        .unwrap();
     node
 }
 

@@ -18,6 +18,7 @@ mod liveness;
 mod load;
 mod membership;
 mod redis_faults;
+mod replace;
 mod schedules;
 
 use std::collections::HashMap;

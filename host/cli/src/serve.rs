@@ -1,0 +1,291 @@
+//! What a running host serves: per `[[plugin]]` a node of its pool and the
+//! plugin's workers, per `[[schedule]]` a running schedule. Started from
+//! the configuration, changed in place by a reload (`reload`), left on the
+//! way out.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use pulse_config::{Config, PluginConfig, ScheduleConfig, Upgrade};
+use pulse_pool::{Node, NodeOptions, Release, WorkerOptions};
+use pulse_runtime::Runtime;
+
+use crate::adapter::{WasmHandler, WasmProducer};
+use crate::run::{plugin_options, producer_options};
+
+/// A plugin loaded from its file, with the release its workers announce.
+pub(crate) struct LoadedPlugin {
+    pub(crate) plugin: pulse_runtime::Plugin,
+    pub(crate) release: Release,
+}
+
+/// A producer loaded from its file, with the file's digest.
+pub(crate) struct LoadedProducer {
+    pub(crate) producer: pulse_runtime::Producer,
+    pub(crate) digest: String,
+}
+
+/// One `[[plugin]]` this host serves.
+pub(crate) struct Served {
+    pub(crate) config: PluginConfig,
+    pub(crate) loaded: LoadedPlugin,
+    pub(crate) node: Arc<Node>,
+    /// Its workers on this host, in the order they joined.
+    pub(crate) workers: Vec<String>,
+}
+
+/// One `[[schedule]]` running on this host (it ends when dropped).
+pub(crate) struct Scheduled {
+    pub(crate) config: ScheduleConfig,
+    pub(crate) digest: String,
+    _schedule: pulse_pool::Schedule,
+}
+
+/// Everything a host serves.
+pub(crate) struct Host<'a> {
+    /// The configuration served: plugins and schedules as reloaded last;
+    /// the other sections as the host started.
+    pub(crate) config: Config,
+    pub(crate) client: &'a redis::Client,
+    pub(crate) options: NodeOptions,
+    pub(crate) api: Option<&'a pulse_http::Api>,
+    pub(crate) runtime: Runtime,
+    pub(crate) served: Vec<Served>,
+    /// Client-only nodes of pools this host runs schedules for without
+    /// serving them.
+    pub(crate) clients: Vec<Arc<Node>>,
+    pub(crate) schedules: Vec<Scheduled>,
+}
+
+/// `sha256:<hex>` of `bytes`.
+pub(crate) fn digest(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    let hex: String = sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect();
+    format!("sha256:{hex}")
+}
+
+/// Reads `path` (say of `what` it is when that fails).
+pub(crate) fn read_file(path: &std::path::Path) -> anyhow::Result<Vec<u8>> {
+    std::fs::read(path).with_context(|| format!("failed to read {}", path.display()))
+}
+
+/// Loads, checks and pre-instantiates a plugin's file (read once, so the
+/// digest is that of the code loaded). Compiling takes a while: the
+/// thread leaves the async runtime's pool meanwhile.
+pub(crate) fn load_plugin(runtime: &Runtime, config: &PluginConfig) -> anyhow::Result<LoadedPlugin> {
+    let bytes = read_file(&config.path)?;
+    let release = Release { digest: digest(&bytes), version: config.version.clone() };
+    let options = plugin_options(config)?;
+    let plugin = blocking(|| runtime.load(&config.name, &bytes, options))?;
+    Ok(LoadedPlugin { plugin, release })
+}
+
+/// Loads, checks and pre-instantiates a schedule's producer.
+pub(crate) fn load_producer(runtime: &Runtime, config: &ScheduleConfig) -> anyhow::Result<LoadedProducer> {
+    let bytes = read_file(&config.path)?;
+    let options = producer_options(config)?;
+    let producer = blocking(|| runtime.load_producer(&config.name, &bytes, options))?;
+    Ok(LoadedProducer { producer, digest: digest(&bytes) })
+}
+
+/// Runs `f` where it may block: outside the async runtime's pool when on a
+/// multi-threaded runtime.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
+        }
+        _ => f(),
+    }
+}
+
+/// What a pool records as its handler: the plugin's name and digest.
+fn identity(config: &PluginConfig, release: &Release) -> String {
+    let hex = release.digest.strip_prefix("sha256:").unwrap_or(&release.digest);
+    format!("{:?} (sha256 {hex})", config.name)
+}
+
+/// Whether this host may serve `config`'s pool with `release`: the pool
+/// records one handler; another file of the same plugin is a new release,
+/// taken while it rolls through the pool unless `upgrade = "refuse"`.
+/// Returns the identity to record in place of the pool's (`None`: nothing
+/// to record). Writes nothing but the first claim of a new pool.
+pub(crate) async fn check_claim(
+    node: &Node,
+    config: &PluginConfig,
+    release: &Release,
+) -> anyhow::Result<Option<String>> {
+    let identity = identity(config, release);
+    let Some(recorded) = node.claim_handler(&identity).await? else {
+        return Ok(None);
+    };
+    let same_plugin = recorded.starts_with(&format!("{:?} (", config.name));
+    if same_plugin && config.upgrade == Upgrade::Rolling {
+        return Ok(Some(identity));
+    }
+    let why = if same_plugin {
+        "this plugin has `upgrade = \"refuse\"` (set it to \"rolling\" to roll a new release through the pool, \
+         or stop the pool's other hosts first)"
+    } else {
+        "a pool runs one plugin (give this plugin another pool, or stop the pool's other hosts first)"
+    };
+    anyhow::bail!("pool {:?} is served by plugin {recorded}; this host brings {identity}: {why}", config.pool)
+}
+
+/// Records a new release as the pool's handler (see [`check_claim`]).
+pub(crate) async fn record_claim(node: &Node, config: &PluginConfig, identity: &str) -> anyhow::Result<()> {
+    node.record_handler(identity).await?;
+    tracing::info!(pool = %config.pool, plugin = %config.name, handler = identity, "a new release of the plugin rolls through the pool");
+    Ok(())
+}
+
+pub(crate) fn worker_options(config: &PluginConfig, release: &Release) -> WorkerOptions {
+    WorkerOptions { max_concurrent_calls: config.max_concurrent_calls, release: release.clone() }
+}
+
+impl<'a> Host<'a> {
+    /// Loads every plugin and producer of `config`, joins the plugins'
+    /// pools with their workers and starts the schedules. On an error,
+    /// what was joined is left again.
+    pub(crate) async fn start(
+        config: &Config,
+        client: &'a redis::Client,
+        options: &NodeOptions,
+        api: Option<&'a pulse_http::Api>,
+    ) -> anyhow::Result<Host<'a>> {
+        let runtime =
+            Runtime::new(crate::run::runtime_config(config)).context("failed to start the plugin runtime")?;
+        let mut host = Host {
+            config: config.clone(),
+            client,
+            options: options.clone(),
+            api,
+            runtime,
+            served: Vec::new(),
+            clients: Vec::new(),
+            schedules: Vec::new(),
+        };
+        let started = async {
+            let plugins = config
+                .plugins
+                .iter()
+                .map(|plugin| load_plugin(&host.runtime, plugin))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let producers = config
+                .schedules
+                .iter()
+                .map(|schedule| load_producer(&host.runtime, schedule))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            for (plugin_config, loaded) in config.plugins.iter().zip(plugins) {
+                host.add_plugin(plugin_config.clone(), loaded).await?;
+            }
+            for (schedule, loaded) in config.schedules.iter().zip(producers) {
+                host.start_schedule(schedule.clone(), loaded).await?;
+            }
+            anyhow::Ok(())
+        };
+        if let Err(error) = started.await {
+            // Leave what was joined: no slot may stay behind for a worker
+            // that will never read its inbox.
+            host.leave().await;
+            return Err(error);
+        }
+        Ok(host)
+    }
+
+    /// Joins `config`'s pool, claims it for the plugin and adds the
+    /// plugin's workers; the API answers for the pool from then on.
+    pub(crate) async fn add_plugin(
+        &mut self,
+        config: PluginConfig,
+        loaded: LoadedPlugin,
+    ) -> anyhow::Result<()> {
+        let node = Arc::new(
+            Node::join(self.client, &config.pool, self.options.clone())
+                .await
+                .with_context(|| format!("failed to join pool {:?}", config.pool))?,
+        );
+        self.served.push(Served { config, loaded, node: node.clone(), workers: Vec::new() });
+        let served = self.served.last_mut().expect("pushed");
+        if let Some(identity) = check_claim(&node, &served.config, &served.loaded.release).await? {
+            record_claim(&node, &served.config, &identity).await?;
+        }
+        for _ in 0..served.config.workers {
+            served.add_worker().await?;
+        }
+        if let Some(api) = self.api {
+            api.add_pool(node.clone(), true)
+                .await
+                .with_context(|| format!("failed to serve pool {:?} over HTTP", node.pool()))?;
+        }
+        Ok(())
+    }
+
+    /// Starts `config`'s schedule on the node of its pool: this host's
+    /// full node when it serves the pool, otherwise a client-only node.
+    pub(crate) async fn start_schedule(
+        &mut self,
+        config: ScheduleConfig,
+        loaded: LoadedProducer,
+    ) -> anyhow::Result<()> {
+        let served = self.served.iter().map(|s| &s.node).chain(&self.clients);
+        let node = match served.into_iter().find(|node| node.pool() == config.pool) {
+            Some(node) => node.clone(),
+            None => {
+                let node = Arc::new(
+                    Node::client(self.client, &config.pool, self.options.clone())
+                        .await
+                        .with_context(|| format!("failed to reach pool {:?}", config.pool))?,
+                );
+                self.clients.push(node.clone());
+                if let Some(api) = self.api {
+                    api.add_pool(node.clone(), false)
+                        .await
+                        .with_context(|| format!("failed to serve pool {:?} over HTTP", node.pool()))?;
+                }
+                node
+            }
+        };
+        let schedule = node
+            .schedule(&config.name, config.interval, WasmProducer::new(&loaded.producer))
+            .await
+            .with_context(|| {
+                format!("failed to start schedule {:?} of pool {:?}", config.name, config.pool)
+            })?;
+        tracing::info!(pool = %config.pool, schedule = %config.name, interval = ?config.interval, "schedule started");
+        self.schedules.push(Scheduled { config, digest: loaded.digest, _schedule: schedule });
+        Ok(())
+    }
+
+    /// Waits until every pool this host serves was shut down; forever
+    /// when it serves none.
+    pub(crate) async fn all_shut_down(&self) {
+        if self.served.is_empty() {
+            std::future::pending::<()>().await;
+        }
+        futures_util::future::join_all(self.served.iter().map(|served| served.node.pool_shut_down())).await;
+    }
+
+    /// Ends the schedules here (the other hosts running them go on), then
+    /// every worker leaves: its jobs move to the other hosts, or wait.
+    pub(crate) async fn leave(&mut self) {
+        self.schedules.clear();
+        for node in self.clients.drain(..) {
+            node.close().await;
+        }
+        for served in &self.served {
+            served.node.close().await;
+        }
+    }
+}
+
+impl Served {
+    /// Adds a worker of the plugin as loaded now.
+    pub(crate) async fn add_worker(&mut self) -> anyhow::Result<()> {
+        let options = worker_options(&self.config, &self.loaded.release);
+        let worker = self.node.add_worker_with(WasmHandler::new(&self.loaded.plugin), options).await?;
+        tracing::info!(pool = %self.config.pool, plugin = %self.config.name, worker, release = %self.loaded.release, "worker added");
+        self.workers.push(worker);
+        Ok(())
+    }
+}

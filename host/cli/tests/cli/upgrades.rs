@@ -1,0 +1,205 @@
+//! A new release of a plugin rolled through a live pool: two hosts run
+//! `counter`, its file is replaced by `counter-v2` and each host gets
+//! SIGHUP in turn. Judged from the handlers' side: what each job emitted
+//! (its counts) and when each job's `start` and `stop` ran (the hosts'
+//! logs).
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::Command;
+
+use pulse_testkit::RedisServer;
+use pulse_testkit::plugins::{COUNTER, COUNTER_V2, WRONG_WORLD, path};
+
+use crate::{Host, cli, eventually, wait_for_workers};
+
+const JOBS: usize = 200;
+const LATE_JOBS: usize = 100;
+
+/// Puts `plugin`'s build at `to` the way a deployment would: written
+/// beside it, then renamed over it.
+fn install(plugin: &str, to: &Path) {
+    let staged = to.with_extension("new");
+    std::fs::copy(path(plugin), &staged).unwrap();
+    std::fs::rename(&staged, to).unwrap();
+}
+
+fn sha256(file: &Path) -> String {
+    use sha2::Digest as _;
+    let hex: String =
+        sha2::Sha256::digest(std::fs::read(file).unwrap()).iter().map(|b| format!("{b:02x}")).collect();
+    format!("sha256:{hex}")
+}
+
+fn hang_up(host: &Host) {
+    let status = Command::new("kill").args(["-HUP", &host.child.id().to_string()]).status().unwrap();
+    assert!(status.success());
+}
+
+/// `rollout --json`: each release's digest with its worker count.
+fn releases(config: &Path, redis: Option<&str>) -> Vec<(String, usize)> {
+    let (code, out) = cli(config, redis, &["rollout", "--pool", "count", "--json"]);
+    assert_eq!(code, 0, "{out}");
+    let rollout: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let mut releases: Vec<(String, usize)> = rollout["releases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["digest"].as_str().unwrap().to_owned(), r["workers"].as_array().unwrap().len()))
+        .collect();
+    releases.sort();
+    releases
+}
+
+/// What each job emitted, in order: (release 2?, count).
+fn emitted(config: &Path, redis: Option<&str>) -> HashMap<String, Vec<(bool, u64)>> {
+    let (code, out) = cli(config, redis, &["events", "--pool", "count", "--json"]);
+    assert_eq!(code, 0, "{out}");
+    let mut by_job: HashMap<String, Vec<(bool, u64)>> = HashMap::new();
+    for line in out.lines() {
+        let event: serde_json::Value = serde_json::from_str(line).unwrap();
+        let payload = event["payload"].as_str().unwrap();
+        let (v2, count) = match payload.strip_prefix("v2 ") {
+            Some(count) => (true, count),
+            None => (false, payload),
+        };
+        let count = count.parse().unwrap_or_else(|_| panic!("emitted {payload:?}"));
+        by_job.entry(event["key"].as_str().unwrap().to_owned()).or_default().push((v2, count));
+    }
+    by_job
+}
+
+/// Dispatches `keys` with `dispatch --from-file`; every one must start.
+fn dispatch_all(config: &Path, redis: Option<&str>, dir: &Path, name: &str, keys: &[String]) {
+    let file = dir.join(name);
+    let lines: Vec<String> = keys.iter().map(|key| format!("{{\"key\": \"{key}\"}}")).collect();
+    std::fs::write(&file, lines.join("\n")).unwrap();
+    let (code, out) =
+        cli(config, redis, &["dispatch", "--pool", "count", "--from-file", file.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}");
+    let started = out.lines().filter(|line| line.ends_with(": started")).count();
+    assert_eq!(started, keys.len(), "{out}");
+}
+
+/// Each job's `start` and `stop` calls from the hosts' logs: (time, host,
+/// started?), by key, in time order.
+fn calls(logs: &[&Path]) -> HashMap<String, Vec<(String, usize, bool)>> {
+    let mut by_job: HashMap<String, Vec<(String, usize, bool)>> = HashMap::new();
+    for (host, log) in logs.iter().enumerate() {
+        for line in std::fs::read_to_string(log).unwrap().lines() {
+            let Some(time) = line.split_whitespace().next() else { continue };
+            // counter logs `start <key> at <count>, …` and `stop <key> at …`.
+            for (word, started) in [(": start ", true), (": stop ", false)] {
+                if let Some(rest) = line.split(word).nth(1)
+                    && let Some(key) = rest.split(" at ").next()
+                {
+                    by_job.entry(key.to_owned()).or_default().push((time.to_owned(), host, started));
+                }
+            }
+        }
+    }
+    for calls in by_job.values_mut() {
+        calls.sort();
+    }
+    by_job
+}
+
+#[test]
+fn a_new_release_rolls_through_two_hosts_on_sighup_and_every_job_goes_on_from_its_count() {
+    let server = RedisServer::start();
+    let redis = Some(server.url());
+    let dir = tempfile::tempdir().unwrap();
+    let plugin = dir.path().join("counter.wasm");
+    install(COUNTER, &plugin);
+    let config = dir.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[plugin]]\nname = \"count\"\npath = {:?}\nworkers = 2\n[plugin.settings]\ninterval-ms = \"300\"\n",
+            plugin.display().to_string()
+        ),
+    )
+    .unwrap();
+    let (log_a, log_b) = (dir.path().join("a.log"), dir.path().join("b.log"));
+    let a = Host::start_logging(&config, redis, &log_a);
+    wait_for_workers(&config, redis, "count", 2);
+    let b = Host::start_logging(&config, redis, &log_b);
+    wait_for_workers(&config, redis, "count", 4);
+    let v1 = sha256(&plugin);
+    let keys: Vec<String> = (0..JOBS).map(|i| format!("c{i}")).collect();
+    dispatch_all(&config, redis, dir.path(), "jobs.jsonl", &keys);
+    eventually("every job counted to 2", || {
+        let emitted = emitted(&config, redis);
+        emitted.len() == JOBS && emitted.values().all(|counts| counts.len() >= 2)
+    });
+    assert_eq!(releases(&config, redis), [(v1.clone(), 4)]);
+
+    // A file of another world is refused; the host goes on with v1.
+    install(WRONG_WORLD, &plugin);
+    hang_up(&a);
+    eventually("host a refused the reload", || {
+        std::fs::read_to_string(&log_a).unwrap().contains("reload refused, still serving")
+    });
+    let refused = std::fs::read_to_string(&log_a).unwrap();
+    assert!(refused.contains("job-handler"), "the refusal names the world it needs: {refused}");
+    assert_eq!(releases(&config, redis), [(v1.clone(), 4)]);
+    let before = emitted(&config, redis);
+    eventually("every job still counts", || {
+        let now = emitted(&config, redis);
+        before.iter().all(|(key, counts)| now[key].len() > counts.len())
+    });
+
+    // v2 on host a, while jobs are dispatched.
+    install(COUNTER_V2, &plugin);
+    let v2 = sha256(&plugin);
+    let late: Vec<String> = (0..LATE_JOBS).map(|i| format!("late{i}")).collect();
+    std::thread::scope(|scope| {
+        let dispatching = scope.spawn(|| dispatch_all(&config, redis, dir.path(), "late.jsonl", &late));
+        hang_up(&a);
+        dispatching.join().unwrap();
+    });
+    eventually("host a's workers run v2", || {
+        let mut expected = vec![(v1.clone(), 2), (v2.clone(), 2)];
+        expected.sort();
+        releases(&config, redis) == expected
+    });
+    let (code, out) = cli(&config, redis, &["rollout", "--pool", "count"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("rolling: workers run 2 releases"), "{out}");
+
+    // Then on host b.
+    hang_up(&b);
+    eventually("every worker runs v2", || releases(&config, redis) == [(v2.clone(), 4)]);
+    eventually("every job emits v2's text", || {
+        let emitted = emitted(&config, redis);
+        emitted.len() == JOBS + LATE_JOBS
+            && emitted.values().all(|counts| counts.last().is_some_and(|(v2, _)| *v2))
+    });
+
+    // Every job went on from its saved count: never back to 0, no count
+    // twice (two workers would emit each count twice), and once on v2
+    // never on v1 again.
+    for (key, counts) in emitted(&config, redis) {
+        assert_eq!(counts[0].1, 1, "{key} started at 1: {counts:?}");
+        assert!(counts.windows(2).all(|w| w[0].1 < w[1].1), "{key} counted {counts:?}");
+        assert!(counts.windows(2).all(|w| w[0].0 <= w[1].0), "{key} went back to v1: {counts:?}");
+    }
+    // Each job ran on one worker at a time, and moved once, when its
+    // worker was replaced: starts and stops alternate; a job dispatched
+    // before the rollout started twice (dispatch, its worker's
+    // replacement), one dispatched during host a's reload once or twice.
+    let (code, out) = cli(&config, redis, &["shutdown", "--pool", "count"]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(a.wait("the pool's shutdown"), 0);
+    assert_eq!(b.wait("the pool's shutdown"), 0);
+    let calls = calls(&[&log_a, &log_b]);
+    assert_eq!(calls.len(), JOBS + LATE_JOBS, "{:?}", calls.keys().take(5).collect::<Vec<_>>());
+    for (key, calls) in &calls {
+        for (i, (time, host, started)) in calls.iter().enumerate() {
+            assert_eq!(*started, i % 2 == 0, "{key}: call {i} at {time} on host {host}: {calls:?}");
+        }
+        let starts = calls.iter().filter(|(_, _, started)| *started).count();
+        let allowed = if key.starts_with("late") { 1..=2 } else { 2..=2 };
+        assert!(allowed.contains(&starts), "{key} started {starts} times: {calls:?}");
+    }
+}

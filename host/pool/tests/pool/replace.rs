@@ -1,0 +1,104 @@
+//! Replacing workers one at a time, as a new release rolls through a pool:
+//! each job moves once, to the worker that replaced its own, in order.
+
+use std::collections::HashMap;
+
+use pulse_pool::{DispatchOutcome, EventOutcome, Release, WorkerOptions};
+use pulse_testkit::unique;
+
+use crate::membership::{assert_no_overlap, placement_of, slot_table};
+use crate::{Call, Recording, finish, node};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replacing_each_worker_in_turn_moves_each_job_once_to_its_heir() {
+    const JOBS: usize = 400;
+    let pool = unique("replace");
+    let calls = crate::Calls::default();
+    let first = std::sync::Arc::new(node(&pool, 2, &calls).await);
+    let second = node(&pool, 2, &calls).await;
+    for i in 0..JOBS {
+        assert_eq!(first.dispatch(&format!("job-{i}"), b"").await.unwrap(), DispatchOutcome::Started);
+    }
+    calls.wait_until("every job started", |c| placement_of(c).len() == JOBS).await;
+    // Notifications to 100 keys race the replacements.
+    let notifier = tokio::spawn({
+        let node = first.clone();
+        async move {
+            for round in 1..=8 {
+                for i in 0..100 {
+                    let outcome =
+                        node.notify(&format!("job-{i}"), round.to_string().as_bytes()).await.unwrap();
+                    assert!(matches!(outcome, EventOutcome::Done | EventOutcome::Held), "{outcome:?}");
+                }
+            }
+        }
+    });
+    let v2 = Release { digest: "sha256:2222".into(), version: "2.0.0".into() };
+    let old: Vec<_> = first.workers().await.unwrap();
+    assert!(old.iter().all(|w| w.release == Release::default()), "{old:?}");
+    for worker in &old {
+        let before_table = slot_table(&pool).await;
+        let before = placement_of(&calls.all());
+        let node = if worker.node == first.id() { &*first } else { &second };
+        let options = WorkerOptions { release: v2.clone(), ..WorkerOptions::default() };
+        let heir = node.replace_worker(&worker.id, Recording::new(&calls), options).await.unwrap();
+        // The heir holds exactly the old worker's slots; no other slot moved.
+        let table = slot_table(&pool).await;
+        for (slot, owner) in &before_table {
+            let expected = if *owner == worker.id { &heir } else { owner };
+            assert_eq!(&table[slot], expected, "slot {slot} after {} was replaced", worker.id);
+        }
+        let theirs: Vec<&String> = before.iter().filter(|(_, w)| **w == worker.id).map(|(k, _)| k).collect();
+        calls
+            .wait_until("the old worker's jobs run on its heir", |c| {
+                let now = placement_of(c);
+                now.len() == JOBS && theirs.iter().all(|key| now[*key] == heir)
+            })
+            .await;
+        let after = placement_of(&calls.all());
+        let moved: Vec<&String> = before.keys().filter(|key| before[*key] != after[*key]).collect();
+        let mut expected = theirs.clone();
+        let mut moved_sorted = moved.clone();
+        expected.sort();
+        moved_sorted.sort();
+        assert_eq!(moved_sorted, expected, "replacing {}: exactly its jobs moved", worker.id);
+        assert!(!moved.is_empty(), "{} held jobs", worker.id);
+    }
+    notifier.await.unwrap();
+
+    let workers = second.workers().await.unwrap();
+    assert_eq!(workers.len(), 4, "{workers:?}");
+    assert!(workers.iter().all(|w| w.release == v2), "every worker runs the new release: {workers:?}");
+    let all = calls.all();
+    assert_no_overlap(&all);
+    // Each job moved once: one first start and one requeued start.
+    let mut starts: HashMap<&str, (usize, usize)> = HashMap::new();
+    for call in &all {
+        if let Call::Start { key, requeued, .. } = call {
+            let entry = starts.entry(key).or_default();
+            if *requeued { entry.1 += 1 } else { entry.0 += 1 }
+        }
+    }
+    assert_eq!(starts.len(), JOBS);
+    for (key, counts) in &starts {
+        assert_eq!(*counts, (1, 1), "{key}: (first starts, requeued starts)");
+    }
+    for i in 0..100 {
+        let key = format!("job-{i}");
+        let notes: Vec<String> = all
+            .iter()
+            .filter_map(|call| match call {
+                Call::Notify { key: k, payload, .. } if *k == key => {
+                    Some(String::from_utf8(payload.clone()).unwrap())
+                }
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            notes,
+            ["1", "2", "3", "4", "5", "6", "7", "8"],
+            "{key}: every notification, once, in order"
+        );
+    }
+    finish(&pool, &[&*first, &second]).await;
+}
