@@ -275,13 +275,21 @@ pub fn print_rollout(workers: &[WorkerInfo], recorded: Option<&str>, as_json: bo
 pub fn print_nodes(nodes: &[pulse_pool::NodeInfo], as_json: bool) {
     let mut out = std::io::stdout().lock();
     if as_json {
-        let list: Vec<_> = nodes.iter().map(|n| json!({"id": n.id, "workers": n.workers})).collect();
+        let list: Vec<_> = nodes
+            .iter()
+            .map(|n| {
+                let releases: Vec<_> =
+                    n.releases.iter().map(|r| json!({"digest": r.digest, "version": r.version})).collect();
+                json!({"id": n.id, "workers": n.workers, "releases": releases})
+            })
+            .collect();
         let _ = writeln!(out, "{}", serde_json::Value::Array(list));
         return;
     }
-    let _ = writeln!(out, "{:<20} WORKERS", "NODE");
+    let _ = writeln!(out, "{:<26} {:<24} RELEASES", "NODE", "WORKERS");
     for node in nodes {
-        let _ = writeln!(out, "{:<20} {}", node.id, node.workers.join(" "));
+        let releases: Vec<String> = node.releases.iter().map(ToString::to_string).collect();
+        let _ = writeln!(out, "{:<26} {:<24} {}", node.id, node.workers.join(" "), releases.join(", "));
     }
 }
 

@@ -45,7 +45,7 @@ pub(crate) async fn workers(
                    "digest": w.release.digest, "version": w.release.version})
         })
         .collect();
-    let nodes: Vec<Value> = node.nodes().iter().map(|n| json!({"id": n.id, "workers": n.workers})).collect();
+    let nodes: Vec<Value> = node.nodes().iter().map(node_json).collect();
     Ok(Json(json!({"workers": workers, "nodes": nodes})))
 }
 
@@ -77,4 +77,11 @@ pub(crate) async fn events(
         })
         .collect();
     Ok(Json(json!({"events": events})))
+}
+
+/// A node as the API shows it.
+fn node_json(node: &pulse_pool::NodeInfo) -> Value {
+    let releases: Vec<Value> =
+        node.releases.iter().map(|r| json!({"digest": r.digest, "version": r.version})).collect();
+    json!({"id": node.id, "workers": node.workers, "releases": releases})
 }

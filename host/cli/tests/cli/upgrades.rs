@@ -134,12 +134,20 @@ fn a_new_release_rolls_through_two_hosts_on_sighup_and_every_job_goes_on_from_it
     });
     assert_eq!(releases(&config, redis), [(v1.clone(), 4)]);
 
-    // A file of another world is refused; the host goes on with v1.
+    // An invalid config is refused with its line; so is a file of another
+    // world. The host goes on with v1.
+    let refusals =
+        || std::fs::read_to_string(&log_a).unwrap().matches("reload refused, still serving").count();
+    let valid = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, valid.replace("workers = 2", "workers = \"two\"")).unwrap();
+    hang_up(&a);
+    eventually("host a refused the invalid config", || refusals() == 1);
+    let refused = std::fs::read_to_string(&log_a).unwrap();
+    assert!(refused.contains("config.toml:4:"), "the refusal names the line: {refused}");
+    std::fs::write(&config, &valid).unwrap();
     install(WRONG_WORLD, &plugin);
     hang_up(&a);
-    eventually("host a refused the reload", || {
-        std::fs::read_to_string(&log_a).unwrap().contains("reload refused, still serving")
-    });
+    eventually("host a refused the wrong world", || refusals() == 2);
     let refused = std::fs::read_to_string(&log_a).unwrap();
     assert!(refused.contains("job-handler"), "the refusal names the world it needs: {refused}");
     assert_eq!(releases(&config, redis), [(v1.clone(), 4)]);

@@ -54,6 +54,8 @@ pub struct NodeInfo {
     pub id: String,
     /// The workers it hosts.
     pub workers: Vec<String>,
+    /// What they run, each release once.
+    pub releases: Vec<crate::options::Release>,
 }
 
 impl Node {
@@ -141,17 +143,26 @@ impl Node {
 }
 
 pub(super) fn nodes_of(workers: HashMap<String, String>) -> Vec<NodeInfo> {
-    let mut nodes: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut nodes: BTreeMap<String, NodeInfo> = BTreeMap::new();
     for (worker, value) in workers {
-        if let Some((node, _, _)) = crate::core::parse_entry(&value) {
-            nodes.entry(node.to_owned()).or_default().push(worker);
+        if let Some((node, _, release)) = crate::core::parse_entry(&value) {
+            let info = nodes.entry(node.to_owned()).or_insert_with(|| NodeInfo {
+                id: node.to_owned(),
+                workers: Vec::new(),
+                releases: Vec::new(),
+            });
+            info.workers.push(worker);
+            if !info.releases.contains(&release) {
+                info.releases.push(release);
+            }
         }
     }
     nodes
-        .into_iter()
-        .map(|(id, mut workers)| {
-            workers.sort();
-            NodeInfo { id, workers }
+        .into_values()
+        .map(|mut info| {
+            info.workers.sort();
+            info.releases.sort_by(|a, b| (&a.version, &a.digest).cmp(&(&b.version, &b.digest)));
+            info
         })
         .collect()
 }
