@@ -1,17 +1,19 @@
-//! A new release of a plugin rolled through a live pool: two hosts run
-//! `counter`, its file is replaced by `counter-v2` and each host gets
-//! SIGHUP in turn. Judged from the handlers' side: what each job emitted
-//! (its counts) and when each job's `start` and `stop` ran (the hosts'
-//! logs).
+//! Reloading config.toml with SIGHUP. A new release of a plugin rolled
+//! through a live pool: two hosts run `counter`, its file is replaced by
+//! `counter-v2` and each host gets SIGHUP in turn. Judged from the
+//! handlers' side: what each job emitted (its counts) and when each job's
+//! `start` and `stop` ran (the hosts' logs). And plugins, workers,
+//! schedules and the HTTP token added and removed by a reload.
 
 use std::collections::HashMap;
 use std::path::Path;
 use std::process::Command;
 
 use pulse_testkit::RedisServer;
-use pulse_testkit::plugins::{COUNTER, COUNTER_V2, WRONG_WORLD, path};
+use pulse_testkit::plugins::{COUNTER, COUNTER_V2, ECHO, KEEPER, WRONG_WORLD, path};
 
-use crate::{Host, cli, eventually, wait_for_workers};
+use crate::http::Served;
+use crate::{Host, cli, eventually, job_workers, wait_for_workers, write_config};
 
 const JOBS: usize = 200;
 const LATE_JOBS: usize = 100;
@@ -210,4 +212,61 @@ fn a_new_release_rolls_through_two_hosts_on_sighup_and_every_job_goes_on_from_it
         let allowed = if key.starts_with("late") { 1..=2 } else { 2..=2 };
         assert!(allowed.contains(&starts), "{key} started {starts} times: {calls:?}");
     }
+}
+
+#[tokio::test]
+async fn a_reload_adds_and_removes_plugins_workers_and_schedules_and_sets_a_new_token() {
+    const TOKEN: &str = "reloaded-token-0123456789";
+    let server = RedisServer::start();
+    let redis = server.url();
+    let dir = tempfile::tempdir().unwrap();
+    let write = |plugins: &[(&str, &str, &str)], extra: &str| {
+        write_config(dir.path(), plugins, &format!("[http]\nlisten = \"127.0.0.1:0\"\n{extra}"))
+    };
+    let config = write(&[("echo", ECHO, "")], "");
+    let served = Served::start(&config, redis, None).await;
+    wait_for_workers(&config, Some(redis), "echo", 1);
+    assert_eq!(cli(&config, Some(redis), &["dispatch", "--pool", "echo", "e1"]), (0, "started".into()));
+    assert_eq!(served.get("/api/pools").await.0, 200);
+
+    // Added: a worker of echo, a plugin (echo's file under another name),
+    // a schedule keeping two jobs of its pool, a token.
+    let schedule = format!(
+        "token = \"{TOKEN}\"\n[[schedule]]\nname = \"keep\"\npath = {:?}\npool = \"count\"\ninterval = \"100ms\"\n\
+         [schedule.settings]\njobs = \"k1,k2\"\n",
+        path(KEEPER).display().to_string()
+    );
+    write(&[("echo", ECHO, "workers = 2"), ("count", ECHO, "")], &schedule);
+    hang_up(&served.host);
+    wait_for_workers(&config, Some(redis), "echo", 2);
+    wait_for_workers(&config, Some(redis), "count", 1);
+    eventually("the schedule keeps k1 and k2", || {
+        let mut keys: Vec<String> =
+            job_workers(&config, Some(redis), "count").into_iter().map(|(k, _)| k).collect();
+        keys.sort();
+        keys == ["k1", "k2"]
+    });
+    assert_eq!(served.send("GET", "/api/pools", None, None).await.0, 401, "the new token is required");
+    assert_eq!(served.send("GET", "/api/pools", None, Some(TOKEN)).await.0, 200);
+    assert_eq!(job_workers(&config, Some(redis), "echo").len(), 1, "e1 is still there");
+
+    // Removed: echo (its job waits for another host) and the schedule.
+    write(&[("count", ECHO, "")], &format!("token = \"{TOKEN}\"\n"));
+    hang_up(&served.host);
+    wait_for_workers(&config, Some(redis), "echo", 0);
+    eventually("e1 waits for a worker", || {
+        let (code, out) = cli(&config, Some(redis), &["status", "--pool", "echo", "e1"]);
+        code == 0 && out.contains("queued")
+    });
+    // Echo's workers were replaced, not only one added: adding a plugin
+    // halved echo's share of the runtime's instances, a change of its
+    // limits. Removing echo doubled count's.
+    let log = || std::fs::read_to_string(config.with_file_name("host.log")).unwrap();
+    eventually("the second reload is done", || {
+        log().contains("summary=upgraded count; removed echo; 1 schedule(s)")
+    });
+    assert!(log().contains("summary=upgraded echo; added count; 1 schedule(s)"), "{}", log());
+    let (code, out) = cli(&config, Some(redis), &["shutdown", "--pool", "count"]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(served.host.wait("the shutdown of its last pool"), 0);
 }
