@@ -2,6 +2,7 @@
 //! positions kept for the values that validation checks.
 
 mod check;
+mod choice;
 #[cfg(test)]
 mod tests;
 
@@ -283,28 +284,16 @@ impl File {
                     ),
                 );
             }
-            let isolation = match plugin.isolation.as_ref().map(|i| (i, i.get_ref().as_str())) {
-                None | Some((_, "job")) => Isolation::Job,
-                Some((_, "worker")) => Isolation::Worker,
-                Some((spanned, other)) => {
-                    check.problem(
-                        spanned,
-                        format!("`isolation` = {other:?}: allowed are \"job\" and \"worker\""),
-                    );
-                    Isolation::Job
-                }
-            };
-            let upgrade = match plugin.upgrade.as_ref().map(|u| (u, u.get_ref().as_str())) {
-                None | Some((_, "rolling")) => Upgrade::Rolling,
-                Some((_, "refuse")) => Upgrade::Refuse,
-                Some((spanned, other)) => {
-                    check.problem(
-                        spanned,
-                        format!("`upgrade` = {other:?}: allowed are \"rolling\" and \"refuse\""),
-                    );
-                    Upgrade::Rolling
-                }
-            };
+            let isolation = check.choice(
+                "isolation",
+                plugin.isolation.as_ref(),
+                &[("job", Isolation::Job), ("worker", Isolation::Worker)],
+            );
+            let upgrade = check.choice(
+                "upgrade",
+                plugin.upgrade.as_ref(),
+                &[("rolling", Upgrade::Rolling), ("refuse", Upgrade::Refuse)],
+            );
             let version = match &plugin.version {
                 Some(version) if check.name("version", version) => version.get_ref().clone(),
                 _ => String::new(),
