@@ -15,17 +15,21 @@
 //! - a plugin gone from the file: its workers leave (their jobs move to
 //!   the pool's other hosts, or wait); a new one: its pool is joined.
 //!
-//! Schedules that changed start again; the HTTP token takes effect at
+//! Schedules that changed, or ran on the node of a plugin gone from the
+//! file, start again; client-only nodes no schedule uses any more close;
+//! the HTTP token takes effect at
 //! once. `[redis]`, `[node]`, `[runtime]` and the rest of `[http]` take
 //! effect at the next start: a reload says so and keeps them.
 
 use std::fmt;
+use std::sync::Arc;
 
 use pulse_config::{Config, PluginConfig};
+use pulse_pool::Node;
 
 use crate::adapter::WasmHandler;
 use crate::serve::{
-    Host, LoadedPlugin, LoadedProducer, check_claim, digest, load_plugin, load_producer, read_file,
+    Component, Host, LoadedPlugin, LoadedProducer, Served, check_claim, load_plugin, load_producer,
 };
 
 /// What a reload changed.
@@ -70,13 +74,14 @@ impl fmt::Display for Summary {
     }
 }
 
-/// What to do with one `[[plugin]]` of the new file.
+/// What to do with one `[[plugin]]` of the new file (the served plugin it
+/// changes is the one of its pool).
 enum Change {
-    /// Nothing (maybe the number of workers).
-    Keep(usize, PluginConfig),
-    /// Replace the workers of served plugin `index` by `loaded`'s; record
-    /// the identity when the pool must learn of the new release.
-    Upgrade(usize, PluginConfig, LoadedPlugin, Option<String>),
+    /// Keep the plugin as loaded (maybe with another number of workers).
+    Keep(PluginConfig),
+    /// Replace its workers by `loaded`'s; record the identity when the
+    /// pool must learn of the new release.
+    Upgrade(PluginConfig, LoadedPlugin, Option<String>),
     /// Join a pool this host did not serve.
     Add(PluginConfig, LoadedPlugin),
 }
@@ -94,43 +99,44 @@ impl Host<'_> {
         // it is right.
         let mut changes = Vec::new();
         for config in &new.plugins {
-            let index = self.served.iter().position(|served| served.config.pool == config.pool);
-            let change = match index {
-                Some(index) => {
-                    let served = &self.served[index];
-                    let bytes = read_file(&config.path)?;
+            let file = Component::read(&config.path)?;
+            let change = match self.served.iter().find(|served| served.config.pool == config.pool) {
+                Some(served) => {
                     let same_section = PluginConfig { workers: served.config.workers, ..config.clone() };
-                    if same_section == served.config && digest(&bytes) == served.loaded.release.digest {
-                        Change::Keep(index, config.clone())
+                    if same_section == served.config && file.digest == served.loaded.release.digest {
+                        Change::Keep(config.clone())
                     } else {
-                        let loaded = load_plugin(&self.runtime, config)?;
+                        let loaded = load_plugin(&self.runtime, config, file)?;
                         let record = check_claim(&served.node, config, &loaded.release).await?;
-                        Change::Upgrade(index, config.clone(), loaded, record)
+                        Change::Upgrade(config.clone(), loaded, record)
                     }
                 }
-                None => Change::Add(config.clone(), load_plugin(&self.runtime, config)?),
+                None => Change::Add(config.clone(), load_plugin(&self.runtime, config, file)?),
             };
             changes.push(change);
         }
+        // A schedule goes on when its section, its file and its node stay:
+        // the node of a plugin gone from the file closes.
+        let closing = |node: &Arc<Node>| {
+            self.served.iter().any(|served| {
+                Arc::ptr_eq(&served.node, node) && !new.plugins.iter().any(|c| c.pool == served.config.pool)
+            })
+        };
         let mut producers: Vec<Option<LoadedProducer>> = Vec::new();
         for config in &new.schedules {
-            let running =
-                self.schedules.iter().find(|s| s.config.name == config.name && s.config.pool == config.pool);
-            let unchanged = match running {
-                Some(running) => {
-                    running.config == *config && digest(&read_file(&config.path)?) == running.digest
-                }
-                None => false,
-            };
-            producers.push(if unchanged { None } else { Some(load_producer(&self.runtime, config)?) });
+            let file = Component::read(&config.path)?;
+            let unchanged = self.schedules.iter().any(|running| {
+                running.config == *config && running.digest == file.digest && !closing(&running.node)
+            });
+            producers.push(if unchanged { None } else { Some(load_producer(&self.runtime, config, file)?) });
         }
-        if let Some(http) = &new.http {
-            crate::run::http_token(http)?;
-        }
+        let token = match &new.http {
+            Some(http) => Some(crate::run::http_token(http)?),
+            None => None,
+        };
 
         let mut summary = Summary::default();
-        // Schedules that end or change stop first: none runs on a node
-        // that leaves.
+        // Schedules that end, change or lose their node stop first.
         let before = self.schedules.len();
         self.schedules.retain(|running| {
             new.schedules.iter().zip(&producers).any(|(config, producer)| {
@@ -139,42 +145,33 @@ impl Host<'_> {
         });
         summary.schedules += before - self.schedules.len();
         // Plugins gone from the file: their workers leave.
-        let mut index = 0;
-        while index < self.served.len() {
-            if new.plugins.iter().any(|config| config.pool == self.served[index].config.pool) {
-                index += 1;
-                continue;
-            }
-            let served = self.served.remove(index);
+        let (kept, gone): (Vec<_>, Vec<_>) = std::mem::take(&mut self.served)
+            .into_iter()
+            .partition(|served| new.plugins.iter().any(|config| config.pool == served.config.pool));
+        self.served = kept;
+        for served in gone {
             served.node.close().await;
             if let Some(api) = self.api {
                 api.remove_pool(&served.config.pool);
             }
             tracing::info!(pool = %served.config.pool, plugin = %served.config.name, "plugin removed: its workers left");
             summary.removed.push(served.config.name);
-            // Indices of the changes computed before are by pool.
-            for change in &mut changes {
-                match change {
-                    Change::Keep(i, _) | Change::Upgrade(i, ..) if *i > index => *i -= 1,
-                    _ => {}
-                }
-            }
         }
         for change in changes {
             match change {
-                Change::Keep(index, config) => {
-                    if self.resize(index, config).await? {
-                        summary.resized.push(self.served[index].config.name.clone());
+                Change::Keep(config) => {
+                    let name = config.name.clone();
+                    if self.resize(config).await? {
+                        summary.resized.push(name);
                     }
                 }
-                Change::Upgrade(index, config, loaded, record) => {
-                    self.upgrade(index, config, loaded, record).await?;
-                    summary.upgraded.push(self.served[index].config.name.clone());
+                Change::Upgrade(config, loaded, record) => {
+                    summary.upgraded.push(config.name.clone());
+                    self.upgrade(config, loaded, record).await?;
                 }
                 Change::Add(config, loaded) => {
-                    let name = config.name.clone();
+                    summary.added.push(config.name.clone());
                     self.add_plugin(config, loaded).await?;
-                    summary.added.push(name);
                 }
             }
         }
@@ -184,8 +181,8 @@ impl Host<'_> {
                 summary.schedules += 1;
             }
         }
-        if let (Some(api), Some(http)) = (self.api, &new.http) {
-            let token = crate::run::http_token(http)?;
+        self.close_unused_clients().await;
+        if let (Some(api), Some(token)) = (self.api, token) {
             api.set_token(token.map(|token| token.expose().to_owned()));
         }
         self.config.plugins = new.plugins;
@@ -196,37 +193,58 @@ impl Host<'_> {
         Ok(summary)
     }
 
-    /// Replaces each worker of served plugin `index`, one at a time, by
-    /// one running `loaded`; then adds or removes workers to `config`'s
-    /// number.
+    /// The served plugin of `pool`, which a change of the reload names.
+    fn served_mut(&mut self, pool: &str) -> &mut Served {
+        self.served.iter_mut().find(|served| served.config.pool == pool).expect("a kept plugin is served")
+    }
+
+    /// Replaces each worker of `config`'s plugin, one at a time, by one
+    /// running `loaded`; then adds or removes workers to `config`'s
+    /// number. The list of workers stays true if a replacement fails.
     async fn upgrade(
         &mut self,
-        index: usize,
         config: PluginConfig,
         loaded: LoadedPlugin,
         record: Option<String>,
     ) -> anyhow::Result<()> {
-        let served = &mut self.served[index];
+        let served = self.served_mut(&config.pool);
         if let Some(identity) = record {
             crate::serve::record_claim(&served.node, &config, &identity).await?;
         }
         tracing::info!(pool = %config.pool, plugin = %config.name, from = %served.loaded.release, to = %loaded.release, "replacing the plugin's workers one at a time");
         let options = crate::serve::worker_options(&config, &loaded.release);
-        for old in std::mem::take(&mut served.workers) {
+        for worker in &mut served.workers {
             let handler = WasmHandler::new(&loaded.plugin);
-            let heir = served.node.replace_worker(&old, handler, options.clone()).await?;
-            tracing::info!(pool = %config.pool, worker = %heir, replaced = %old, release = %loaded.release, "worker replaced");
-            served.workers.push(heir);
+            let heir = served.node.replace_worker(worker, handler, options.clone()).await?;
+            tracing::info!(pool = %config.pool, worker = %heir, replaced = %worker, release = %loaded.release, "worker replaced");
+            *worker = heir;
         }
         served.loaded = loaded;
-        self.resize(index, config).await?;
+        self.resize(config).await?;
         Ok(())
     }
 
-    /// Adds or removes workers of served plugin `index` to `config`'s
-    /// number (the last joined leave first); whether it changed any.
-    async fn resize(&mut self, index: usize, config: PluginConfig) -> anyhow::Result<bool> {
-        let served = &mut self.served[index];
+    /// Closes the client-only nodes no schedule runs on any more.
+    async fn close_unused_clients(&mut self) {
+        let (used, unused): (Vec<_>, Vec<_>) = std::mem::take(&mut self.clients)
+            .into_iter()
+            .partition(|node| self.schedules.iter().any(|running| Arc::ptr_eq(&running.node, node)));
+        self.clients = used;
+        for node in unused {
+            node.close().await;
+            let served_here = self.served.iter().any(|served| served.config.pool == node.pool());
+            if let Some(api) = self.api
+                && !served_here
+            {
+                api.remove_pool(node.pool());
+            }
+        }
+    }
+
+    /// Adds or removes workers of `config`'s plugin to `config`'s number
+    /// (the last joined leave first); whether it changed any.
+    async fn resize(&mut self, config: PluginConfig) -> anyhow::Result<bool> {
+        let served = self.served_mut(&config.pool);
         served.config = config;
         let wanted = served.config.workers as usize;
         let changed = served.workers.len() != wanted;

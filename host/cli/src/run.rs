@@ -9,7 +9,7 @@ use pulse_config::{Config, Isolation};
 use pulse_pool::NodeOptions;
 use pulse_runtime::{Limits, PluginOptions, ProducerOptions, Runtime, RuntimeConfig};
 
-use crate::serve::{Host, load_plugin, load_producer};
+use crate::serve::Host;
 
 /// What a host runs: the runtime, and every plugin and producer of the
 /// configuration, loaded and checked.
@@ -26,18 +26,12 @@ pub struct Loaded {
 /// Builds the runtime and loads every plugin and producer, refusing any
 /// that is not a valid job handler or job producer.
 pub fn load(config: &Config) -> anyhow::Result<Loaded> {
-    let runtime = Runtime::new(runtime_config(config)).context("failed to start the plugin runtime")?;
-    let plugins = config
-        .plugins
-        .iter()
-        .map(|plugin| load_plugin(&runtime, plugin).map(|loaded| loaded.plugin))
-        .collect::<anyhow::Result<_>>()?;
-    let producers = config
-        .schedules
-        .iter()
-        .map(|schedule| load_producer(&runtime, schedule).map(|loaded| loaded.producer))
-        .collect::<anyhow::Result<_>>()?;
-    Ok(Loaded { runtime, plugins, producers })
+    let (runtime, plugins, producers) = crate::serve::load_all(config)?;
+    Ok(Loaded {
+        runtime,
+        plugins: plugins.into_iter().map(|loaded| loaded.plugin).collect(),
+        producers: producers.into_iter().map(|loaded| loaded.producer).collect(),
+    })
 }
 
 /// How the runtime runs a plugin: its `[[plugin]]` section.

@@ -38,6 +38,8 @@ pub(crate) struct Served {
 pub(crate) struct Scheduled {
     pub(crate) config: ScheduleConfig,
     pub(crate) digest: String,
+    /// The node it runs on: a served plugin's, or one of the clients.
+    pub(crate) node: Arc<Node>,
     _schedule: pulse_pool::Schedule,
 }
 
@@ -64,28 +66,59 @@ pub(crate) fn digest(bytes: &[u8]) -> String {
     format!("sha256:{hex}")
 }
 
-/// Reads `path` (say of `what` it is when that fails).
-pub(crate) fn read_file(path: &std::path::Path) -> anyhow::Result<Vec<u8>> {
-    std::fs::read(path).with_context(|| format!("failed to read {}", path.display()))
+/// A plugin's or producer's file, read once (so the digest is that of
+/// the code loaded), with its digest.
+pub(crate) struct Component {
+    bytes: Vec<u8>,
+    pub(crate) digest: String,
 }
 
-/// Loads, checks and pre-instantiates a plugin's file (read once, so the
-/// digest is that of the code loaded). Compiling takes a while: the
-/// thread leaves the async runtime's pool meanwhile.
-pub(crate) fn load_plugin(runtime: &Runtime, config: &PluginConfig) -> anyhow::Result<LoadedPlugin> {
-    let bytes = read_file(&config.path)?;
-    let release = Release { digest: digest(&bytes), version: config.version.clone() };
+impl Component {
+    pub(crate) fn read(path: &std::path::Path) -> anyhow::Result<Self> {
+        let bytes = std::fs::read(path).with_context(|| format!("failed to read {}", path.display()))?;
+        Ok(Self { digest: digest(&bytes), bytes })
+    }
+}
+
+/// Loads, checks and pre-instantiates a plugin from its file. Compiling
+/// takes a while: the thread leaves the async runtime's pool meanwhile.
+pub(crate) fn load_plugin(
+    runtime: &Runtime,
+    config: &PluginConfig,
+    file: Component,
+) -> anyhow::Result<LoadedPlugin> {
     let options = plugin_options(config)?;
-    let plugin = blocking(|| runtime.load(&config.name, &bytes, options))?;
-    Ok(LoadedPlugin { plugin, release })
+    let plugin = blocking(|| runtime.load(&config.name, &file.bytes, options))?;
+    Ok(LoadedPlugin { plugin, release: Release { digest: file.digest, version: config.version.clone() } })
 }
 
-/// Loads, checks and pre-instantiates a schedule's producer.
-pub(crate) fn load_producer(runtime: &Runtime, config: &ScheduleConfig) -> anyhow::Result<LoadedProducer> {
-    let bytes = read_file(&config.path)?;
+/// Loads, checks and pre-instantiates a schedule's producer from its file.
+pub(crate) fn load_producer(
+    runtime: &Runtime,
+    config: &ScheduleConfig,
+    file: Component,
+) -> anyhow::Result<LoadedProducer> {
     let options = producer_options(config)?;
-    let producer = blocking(|| runtime.load_producer(&config.name, &bytes, options))?;
-    Ok(LoadedProducer { producer, digest: digest(&bytes) })
+    let producer = blocking(|| runtime.load_producer(&config.name, &file.bytes, options))?;
+    Ok(LoadedProducer { producer, digest: file.digest })
+}
+
+/// Builds the runtime of `config` and loads every plugin and producer it
+/// lists, refusing any that is not a valid job handler or job producer.
+pub(crate) fn load_all(config: &Config) -> anyhow::Result<(Runtime, Vec<LoadedPlugin>, Vec<LoadedProducer>)> {
+    let runtime =
+        Runtime::new(crate::run::runtime_config(config)).context("failed to start the plugin runtime")?;
+    let plugins = config
+        .plugins
+        .iter()
+        .map(|plugin| load_plugin(&runtime, plugin, Component::read(&plugin.path)?))
+        .collect::<anyhow::Result<_>>()?;
+    let producers = config
+        .schedules
+        .iter()
+        .map(|schedule| load_producer(&runtime, schedule, Component::read(&schedule.path)?))
+        .collect::<anyhow::Result<_>>()?;
+    Ok((runtime, plugins, producers))
 }
 
 /// Runs `f` where it may block: outside the async runtime's pool when on a
@@ -153,8 +186,7 @@ impl<'a> Host<'a> {
         options: &NodeOptions,
         api: Option<&'a pulse_http::Api>,
     ) -> anyhow::Result<Host<'a>> {
-        let runtime =
-            Runtime::new(crate::run::runtime_config(config)).context("failed to start the plugin runtime")?;
+        let (runtime, plugins, producers) = load_all(config)?;
         let mut host = Host {
             config: config.clone(),
             client,
@@ -166,16 +198,6 @@ impl<'a> Host<'a> {
             schedules: Vec::new(),
         };
         let started = async {
-            let plugins = config
-                .plugins
-                .iter()
-                .map(|plugin| load_plugin(&host.runtime, plugin))
-                .collect::<anyhow::Result<Vec<_>>>()?;
-            let producers = config
-                .schedules
-                .iter()
-                .map(|schedule| load_producer(&host.runtime, schedule))
-                .collect::<anyhow::Result<Vec<_>>>()?;
             for (plugin_config, loaded) in config.plugins.iter().zip(plugins) {
                 host.add_plugin(plugin_config.clone(), loaded).await?;
             }
@@ -253,7 +275,7 @@ impl<'a> Host<'a> {
                 format!("failed to start schedule {:?} of pool {:?}", config.name, config.pool)
             })?;
         tracing::info!(pool = %config.pool, schedule = %config.name, interval = ?config.interval, "schedule started");
-        self.schedules.push(Scheduled { config, digest: loaded.digest, _schedule: schedule });
+        self.schedules.push(Scheduled { config, digest: loaded.digest, node, _schedule: schedule });
         Ok(())
     }
 

@@ -155,6 +155,23 @@ pub fn job_workers(config: &Path, redis: Option<&str>, pool: &str) -> Vec<(Strin
         .collect()
 }
 
+/// Each job's emitted payloads in `pool`, from `events --json`, in order.
+pub fn emitted(
+    config: &Path,
+    redis: Option<&str>,
+    pool: &str,
+) -> std::collections::HashMap<String, Vec<String>> {
+    let (code, out) = cli(config, redis, &["events", "--pool", pool, "--json"]);
+    assert_eq!(code, 0, "{out}");
+    let mut by_job: std::collections::HashMap<String, Vec<String>> = std::collections::HashMap::new();
+    for line in out.lines() {
+        let event: serde_json::Value = serde_json::from_str(line).unwrap();
+        let key = event["key"].as_str().unwrap().to_owned();
+        by_job.entry(key).or_default().push(event["payload"].as_str().unwrap_or_default().to_owned());
+    }
+    by_job
+}
+
 /// Waits until pool `pool` has `count` workers.
 pub fn wait_for_workers(config: &Path, redis: Option<&str>, pool: &str, count: usize) {
     eventually(&format!("{count} workers serve {pool}"), || {

@@ -55,20 +55,15 @@ fn releases(config: &Path, redis: Option<&str>) -> Vec<(String, usize)> {
 
 /// What each job emitted, in order: (release 2?, count).
 fn emitted(config: &Path, redis: Option<&str>) -> HashMap<String, Vec<(bool, u64)>> {
-    let (code, out) = cli(config, redis, &["events", "--pool", "count", "--json"]);
-    assert_eq!(code, 0, "{out}");
-    let mut by_job: HashMap<String, Vec<(bool, u64)>> = HashMap::new();
-    for line in out.lines() {
-        let event: serde_json::Value = serde_json::from_str(line).unwrap();
-        let payload = event["payload"].as_str().unwrap();
+    let parse = |payload: &String| {
         let (v2, count) = match payload.strip_prefix("v2 ") {
             Some(count) => (true, count),
-            None => (false, payload),
+            None => (false, payload.as_str()),
         };
-        let count = count.parse().unwrap_or_else(|_| panic!("emitted {payload:?}"));
-        by_job.entry(event["key"].as_str().unwrap().to_owned()).or_default().push((v2, count));
-    }
-    by_job
+        (v2, count.parse().unwrap_or_else(|_| panic!("emitted {payload:?}")))
+    };
+    let emitted = crate::emitted(config, redis, "count");
+    emitted.into_iter().map(|(key, payloads)| (key, payloads.iter().map(parse).collect())).collect()
 }
 
 /// Dispatches `keys` with `dispatch --from-file`; every one must start.
@@ -233,7 +228,7 @@ async fn a_reload_adds_and_removes_plugins_workers_and_schedules_and_sets_a_new_
     // a schedule keeping two jobs of its pool, a token.
     let schedule = format!(
         "token = \"{TOKEN}\"\n[[schedule]]\nname = \"keep\"\npath = {:?}\npool = \"count\"\ninterval = \"100ms\"\n\
-         [schedule.settings]\njobs = \"k1,k2\"\n",
+         [schedule.settings]\njobs = \"k1,k2\"\n[schedule.limits]\ninstances = 8\n",
         path(KEEPER).display().to_string()
     );
     write(&[("echo", ECHO, "workers = 2"), ("count", ECHO, "")], &schedule);
@@ -250,8 +245,8 @@ async fn a_reload_adds_and_removes_plugins_workers_and_schedules_and_sets_a_new_
     assert_eq!(served.send("GET", "/api/pools", None, Some(TOKEN)).await.0, 200);
     assert_eq!(job_workers(&config, Some(redis), "echo").len(), 1, "e1 is still there");
 
-    // Removed: echo (its job waits for another host) and the schedule.
-    write(&[("count", ECHO, "")], &format!("token = \"{TOKEN}\"\n"));
+    // Removed: echo (its job waits for another host).
+    write(&[("count", ECHO, "")], &schedule);
     hang_up(&served.host);
     wait_for_workers(&config, Some(redis), "echo", 0);
     eventually("e1 waits for a worker", || {
@@ -260,13 +255,23 @@ async fn a_reload_adds_and_removes_plugins_workers_and_schedules_and_sets_a_new_
     });
     // Echo's workers were replaced, not only one added: adding a plugin
     // halved echo's share of the runtime's instances, a change of its
-    // limits. Removing echo doubled count's.
+    // limits. Removing echo doubled count's. The schedule, whose share is
+    // its own (`instances`), went on.
     let log = || std::fs::read_to_string(config.with_file_name("host.log")).unwrap();
-    eventually("the second reload is done", || {
-        log().contains("summary=upgraded count; removed echo; 1 schedule(s)")
-    });
+    eventually("the second reload is done", || log().contains("summary=upgraded count; removed echo\n"));
     assert!(log().contains("summary=upgraded echo; added count; 1 schedule(s)"), "{}", log());
-    let (code, out) = cli(&config, Some(redis), &["shutdown", "--pool", "count"]);
-    assert_eq!(code, 0, "{out}");
-    assert_eq!(served.host.wait("the shutdown of its last pool"), 0);
+
+    // Removed: count, whose node the schedule ran on. The schedule, the
+    // same as before, starts again on a client-only node and goes on:
+    // a job of its plan that is stopped comes back.
+    write(&[], &schedule);
+    hang_up(&served.host);
+    eventually("the third reload is done", || {
+        log().contains("summary=removed count; 2 schedule(s) restarted, started or ended")
+    });
+    assert_eq!(cli(&config, Some(redis), &["stop", "--pool", "count", "k1"]).0, 0);
+    eventually("the schedule dispatches k1 again", || {
+        job_workers(&config, Some(redis), "count").iter().any(|(key, _)| key == "k1")
+    });
+    assert_eq!(served.host.terminate(), 0);
 }

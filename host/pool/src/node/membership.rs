@@ -45,7 +45,7 @@ impl Node {
     /// Not cancel safe: a worker that joined before the future was dropped
     /// stays a member without a handle; close the node.
     pub async fn add_worker_with<H: JobHandler>(&self, handler: H, options: WorkerOptions) -> Result<String> {
-        self.join_worker(handler, options, None).await
+        self.spawn_worker(handler, options, None).await
     }
 
     /// Replaces worker `old` of this node by a new one running `handler`
@@ -70,12 +70,14 @@ impl Node {
         if !self.lock_workers().contains_key(old) {
             return Err(Error::UnknownWorker(old.to_owned()));
         }
-        let id = self.join_worker(handler, options, Some(old)).await?;
+        let id = self.spawn_worker(handler, options, Some(old)).await?;
         self.remove_worker(old).await?;
         Ok(id)
     }
 
-    async fn join_worker<H: JobHandler>(
+    /// Starts a worker reading its inbox and makes it a member (holding
+    /// `heir_of`'s slots when given); returns its id.
+    async fn spawn_worker<H: JobHandler>(
         &self,
         handler: H,
         options: WorkerOptions,
