@@ -106,6 +106,20 @@ fn sigterm_hands_jobs_back_and_the_embedded_redis_keeps_them_for_the_next_run() 
     assert_eq!(host.terminate(), 0);
 }
 
+/// Runs `pulse-host run` with `config`, which must exit 1 at once; its
+/// standard error.
+fn refused_run(config: &std::path::Path, redis: &str) -> String {
+    let output = std::process::Command::new(crate::binary())
+        .arg("--config")
+        .arg(config)
+        .args(["--redis", redis, "run"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(output.status.code(), Some(1), "{err}");
+    err
+}
+
 #[test]
 fn a_host_bringing_another_plugin_to_a_pool_is_refused_with_both_digests() {
     let server = RedisServer::start();
@@ -117,14 +131,7 @@ fn a_host_bringing_another_plugin_to_a_pool_is_refused_with_both_digests() {
 
     let second_dir = tempfile::tempdir().unwrap();
     let second = write_config(second_dir.path(), &[("trap", TRAP, "pool = \"shared\"")], "");
-    let output = std::process::Command::new(crate::binary())
-        .arg("--config")
-        .arg(&second)
-        .args(["--redis", server.url(), "run"])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(1), "{err}");
+    let err = refused_run(&second, server.url());
     assert!(err.contains("pool \"shared\" is served by plugin \"echo\" (sha256 "), "{err}");
     assert!(err.contains("this host brings \"trap\" (sha256 "), "{err}");
     // The refused host left nothing behind: the pool still has one worker.
@@ -135,14 +142,7 @@ fn a_host_bringing_another_plugin_to_a_pool_is_refused_with_both_digests() {
     let third_dir = tempfile::tempdir().unwrap();
     let third =
         write_config(third_dir.path(), &[("echo", COUNTER, "pool = \"shared\"\nupgrade = \"refuse\"")], "");
-    let output = std::process::Command::new(crate::binary())
-        .arg("--config")
-        .arg(&third)
-        .args(["--redis", server.url(), "run"])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(1), "{err}");
+    let err = refused_run(&third, server.url());
     assert!(err.contains("this plugin has `upgrade = \"refuse\"`"), "{err}");
     wait_for_workers(&first, redis, "shared", 1);
     assert_eq!(host.terminate(), 0);

@@ -13,15 +13,11 @@ const JOBS: usize = 6;
 
 /// Each job's emitted counts, from `events --json`, in order.
 fn counts(config: &std::path::Path, redis: Option<&str>) -> HashMap<String, Vec<u64>> {
-    let (code, out) = cli(config, redis, &["events", "--pool", "count", "--json"]);
-    assert_eq!(code, 0, "{out}");
-    let mut by_job: HashMap<String, Vec<u64>> = HashMap::new();
-    for line in out.lines() {
-        let event: serde_json::Value = serde_json::from_str(line).unwrap();
-        let count = event["payload"].as_str().unwrap().parse().unwrap();
-        by_job.entry(event["key"].as_str().unwrap().to_owned()).or_default().push(count);
-    }
-    by_job
+    let emitted = crate::emitted(config, redis, "count");
+    emitted
+        .into_iter()
+        .map(|(key, payloads)| (key, payloads.iter().map(|p| p.parse().unwrap()).collect()))
+        .collect()
 }
 
 #[test]

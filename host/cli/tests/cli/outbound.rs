@@ -10,17 +10,9 @@ use crate::{Host, cli, eventually, job_workers, wait_for_workers, write_config};
 
 const JOBS: usize = 20;
 
-/// Each job's emitted payloads, from `events --json`, in order.
+/// Each job's emitted payloads, in order.
 fn emitted(config: &std::path::Path, redis: Option<&str>) -> HashMap<String, Vec<String>> {
-    let (code, out) = cli(config, redis, &["events", "--pool", "fetcher", "--json"]);
-    assert_eq!(code, 0, "{out}");
-    let mut by_job: HashMap<String, Vec<String>> = HashMap::new();
-    for line in out.lines() {
-        let event: serde_json::Value = serde_json::from_str(line).unwrap();
-        let key = event["key"].as_str().unwrap().to_owned();
-        by_job.entry(key).or_default().push(event["payload"].as_str().unwrap_or_default().to_owned());
-    }
-    by_job
+    crate::emitted(config, redis, "fetcher")
 }
 
 /// Each job's worker.
