@@ -109,7 +109,7 @@ impl JobOutputs for PoolOutputs {
     fn emit<'a>(&'a self, key: &'a str, payload: Vec<u8>) -> BoxFuture<'a, Result<(), HostRefusal>> {
         Box::pin(async move {
             let ctx = self.contexts.get(key).ok_or(HostRefusal::NotOwned)?;
-            ctx.emit(&payload).await.map(drop).map_err(refusal)
+            ctx.emit(&payload).await.map_err(refusal)
         })
     }
 

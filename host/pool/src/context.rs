@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
-use crate::core::{Core, WorkerFence};
+use crate::core::{Core, Emit, EmitQueue, WorkerFence, emit_cmd};
 use crate::scripts;
 
 /// Why the pool refused a handler's request.
@@ -44,6 +44,9 @@ pub struct JobContext {
     pub(crate) worker: String,
     /// The worker's own fence (see `core::fence`).
     pub(crate) fence: WorkerFence,
+    /// The worker's queue of events to write (see `core::emits`): every
+    /// write here goes after what it holds.
+    pub(crate) emits: Arc<EmitQueue>,
     pub(crate) key: String,
     pub(crate) token: String,
     pub(crate) ended: mpsc::UnboundedSender<Ended>,
@@ -96,46 +99,46 @@ impl JobContext {
         self.check_size(state.len())?;
         let losses = self.core.lease.losses(&self.fence);
         let keys = &self.core.keys;
-        let done: i64 = self
-            .run(
-                scripts::SAVE_STATE
-                    .key(&keys.jobs)
-                    .key(keys.record(&self.key))
-                    .arg(&self.key)
-                    .arg(&self.token)
-                    .arg(state),
-            )
-            .await?;
+        let mut cmd = scripts::evalsha(&scripts::SAVE_STATE, &[keys.jobs.clone(), keys.record(&self.key)]);
+        cmd.arg(&self.key).arg(&self.token).arg(state);
+        let done: i64 = self.run(&scripts::SAVE_STATE, cmd).await?;
         if done == 1 { Ok(()) } else { Err(self.refused(losses).await) }
     }
 
     /// Publishes an output event of the job on the pool's events stream
-    /// (topic: the job's key); returns its id.
+    /// (topic: the job's key).
+    ///
+    /// While the job's worker may run it, the event is queued and written,
+    /// fenced by the job's token, with the worker's next round trip: after
+    /// the events the job emitted before, and before the answer to the
+    /// call that emitted it and any later write of the job (see
+    /// `core::emits`). An event of a job that is no longer this worker's
+    /// when it reaches Redis is dropped, as its emit would have been
+    /// refused. Otherwise (the worker's lease may have ended, or Redis
+    /// lost the pool's data) it is written at once and Redis's answer is
+    /// returned.
     ///
     /// # Errors
     /// [`ContextError`].
     ///
     /// # Cancel safety
-    /// Not cancel safe: once sent, the write happens whether or not the
-    /// future is polled to completion.
-    pub async fn emit(&self, payload: &[u8]) -> Result<String, ContextError> {
+    /// Not cancel safe: once queued or sent, the write happens whether or
+    /// not the future is polled to completion.
+    pub async fn emit(&self, payload: &[u8]) -> Result<(), ContextError> {
         self.check_size(payload.len())?;
         let losses = self.core.lease.losses(&self.fence);
-        let keys = &self.core.keys;
-        let id: String = self
-            .run(
-                scripts::EMIT
-                    .key(&keys.jobs)
-                    .key(&keys.events)
-                    .key(&keys.events_bytes)
-                    .arg(&self.key)
-                    .arg(&self.token)
-                    .arg(payload)
-                    .arg(self.core.options.events_retention)
-                    .arg(self.core.options.events_max_bytes),
-            )
-            .await?;
-        if id.is_empty() { Err(self.refused(losses).await) } else { Ok(id) }
+        let emit = Emit { key: self.key.clone(), token: self.token.clone(), payload: payload.to_vec() };
+        let emit = if self.is_live() && !self.core.lease.data_loss_pending(&self.fence) {
+            match self.emits.push(emit) {
+                Ok(()) => return Ok(()),
+                // The queue is full: this one goes with it, now.
+                Err(emit) => emit,
+            }
+        } else {
+            emit
+        };
+        let ids: Vec<String> = self.run(&scripts::EMIT, emit_cmd(&self.core, &[emit])).await?;
+        if ids.first().is_some_and(|id| !id.is_empty()) { Ok(()) } else { Err(self.refused(losses).await) }
     }
 
     /// Declares the job finished: it is removed from the pool and its
@@ -150,17 +153,17 @@ impl JobContext {
     pub async fn complete(&self) -> Result<(), ContextError> {
         let losses = self.core.lease.losses(&self.fence);
         let keys = &self.core.keys;
-        let done: i64 = self
-            .run(
-                scripts::FINISH
-                    .key(&keys.jobs)
-                    .key(keys.record(&self.key))
-                    .key(keys.held(&self.key))
-                    .key(keys.worker_jobs(&self.worker))
-                    .arg(&self.key)
-                    .arg(&self.token),
-            )
-            .await?;
+        let mut cmd = scripts::evalsha(
+            &scripts::FINISH,
+            &[
+                keys.jobs.clone(),
+                keys.record(&self.key),
+                keys.held(&self.key),
+                keys.worker_jobs(&self.worker),
+            ],
+        );
+        cmd.arg(&self.key).arg(&self.token);
+        let done: i64 = self.run(&scripts::FINISH, cmd).await?;
         if done != 1 {
             return Err(self.refused(losses).await);
         }
@@ -179,7 +182,12 @@ impl JobContext {
     /// future is polled to completion.
     pub async fn fail(&self, reason: &str) -> Result<(), ContextError> {
         let losses = self.core.lease.losses(&self.fence);
-        if !self.core.fail(&self.worker, &self.key, &self.token, reason, 0).await.map_err(unavailable)? {
+        if !self
+            .core
+            .fail(&self.emits, &self.worker, &self.key, &self.token, reason, 0)
+            .await
+            .map_err(unavailable)?
+        {
             return Err(self.refused(losses).await);
         }
         let _ = self.ended.send(Ended::Failed { key: self.key.clone(), token: self.token.clone() });
@@ -217,12 +225,14 @@ impl JobContext {
         }
     }
 
+    /// Sends `cmd`, an `EVALSHA` of `script`, after the events the
+    /// worker's queue holds.
     async fn run<T: redis::FromRedisValue>(
         &self,
-        invocation: &mut redis::ScriptInvocation<'_>,
+        script: &redis::Script,
+        cmd: redis::Cmd,
     ) -> Result<T, ContextError> {
-        let mut conn = self.core.conn.clone();
-        invocation.invoke_async(&mut conn).await.map_err(unavailable)
+        self.emits.ordered(&self.core, script, cmd).await.map_err(unavailable)
     }
 }
 

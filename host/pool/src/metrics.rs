@@ -14,6 +14,9 @@
 //! - `pulse_evictions_total`: workers this node's janitor evicted (lease
 //!   expired); `pulse_evicted_jobs_total`: the jobs they held, queued again.
 //! - `pulse_lease_renewals_failed_total`: renewals that did not reach Redis.
+//! - `pulse_emits_dropped_total`: events jobs emitted that were not written:
+//!   their job was no longer its worker's when they reached Redis (see
+//!   `core::emits`), or Redis refused the write.
 
 use metrics::{Counter, Histogram};
 
@@ -28,6 +31,7 @@ pub(crate) struct PoolMetrics {
     pub(crate) evictions: Counter,
     pub(crate) evicted_jobs: Counter,
     pub(crate) renewals_failed: Counter,
+    pub(crate) emits_dropped: Counter,
 }
 
 const OUTCOMES: [&str; 7] = ["started", "queued", "exists", "refused", "failed", "full", "unconfirmed"];
@@ -58,6 +62,7 @@ impl PoolMetrics {
             evictions: counter("pulse_evictions_total"),
             evicted_jobs: counter("pulse_evicted_jobs_total"),
             renewals_failed: counter("pulse_lease_renewals_failed_total"),
+            emits_dropped: counter("pulse_emits_dropped_total"),
         }
     }
 

@@ -6,12 +6,15 @@
 //! # Layout
 //! - this file: [`Core`].
 //! - `answers`: the scripts' and the workers' answers, typed.
+//! - `emits`: a worker's emitted events, queued and written with its
+//!   next round trip, in order with its other writes.
 //! - `fence`: [`Lease`] and [`WorkerFence`]: when handler calls may run.
 //! - `membership`: join, release, renew, evict, the pool epoch.
 //! - `routing`: keys to workers over the slot table; assigning queued jobs.
 //! - `replies`: a node's reply stream and the waiters registered on it.
 
 mod answers;
+mod emits;
 mod fence;
 mod membership;
 mod replies;
@@ -30,6 +33,7 @@ use crate::options::NodeOptions;
 use crate::scripts;
 
 pub(crate) use answers::{Assigned, Dispatched, Join, Outcome, Routed, protocol};
+pub(crate) use emits::{Emit, EmitQueue, emit_cmd};
 pub(crate) use fence::{Lease, WorkerFence, tick};
 pub(crate) use membership::{parse_entry, pool_epoch};
 pub(crate) use replies::{Answer, Waiter, Waiters, start as start_replies};
@@ -100,10 +104,11 @@ impl Core {
         ulid::Ulid::new().to_string()
     }
 
-    /// Marks a job failed, fenced by `token`; false when it is not the
-    /// worker's any more.
+    /// Marks a job failed, fenced by `token`, after the events `emits`
+    /// holds; false when it is not the worker's any more.
     pub(crate) async fn fail(
         &self,
+        emits: &EmitQueue,
         worker: &str,
         key: &str,
         token: &str,
@@ -111,17 +116,12 @@ impl Core {
         attempt: u32,
     ) -> redis::RedisResult<bool> {
         let keys = &self.keys;
-        let mut conn = self.conn.clone();
-        let done: i64 = scripts::FAIL
-            .key(&keys.jobs)
-            .key(keys.record(key))
-            .key(keys.worker_jobs(worker))
-            .arg(key)
-            .arg(token)
-            .arg(reason)
-            .arg(attempt)
-            .invoke_async(&mut conn)
-            .await?;
+        let mut cmd = scripts::evalsha(
+            &scripts::FAIL,
+            &[keys.jobs.clone(), keys.record(key), keys.worker_jobs(worker)],
+        );
+        cmd.arg(key).arg(token).arg(reason).arg(attempt);
+        let done: i64 = emits.ordered(self, &scripts::FAIL, cmd).await?;
         Ok(done == 1)
     }
 }

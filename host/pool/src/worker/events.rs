@@ -161,6 +161,7 @@ impl<H: JobHandler> Worker<H> {
             core: self.core.clone(),
             worker: self.id.clone(),
             fence: self.fence.clone(),
+            emits: self.emits.clone(),
             key: job.key.clone(),
             token: event.token.clone(),
             ended: self.ended_tx.clone(),

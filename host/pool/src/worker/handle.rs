@@ -83,6 +83,11 @@ pub(crate) async fn spawn<H: JobHandler>(
     handler: H,
     options: &WorkerOptions,
 ) -> Result<WorkerHandle> {
+    // Loaded before the worker's first events: a batch that met an unknown
+    // script would land after the answers sent with it (see `core::emits`).
+    crate::scripts::load(&crate::scripts::EMIT, &mut core.conn.clone())
+        .await
+        .map_err(core.redis_error("load the emit script"))?;
     let inbox_stream = Stream::open(
         &core.client,
         &PoolKeys::inbox_name(&id),
@@ -109,6 +114,7 @@ pub(crate) async fn spawn<H: JobHandler>(
         skipped: false,
         outbox: Vec::new(),
         processed: Vec::new(),
+        emits: Arc::default(),
         handler: Arc::new(handler),
         calls: super::calls::Calls::new(options.max_concurrent_calls),
         running: HashMap::new(),

@@ -52,7 +52,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use crate::context::Ended;
-use crate::core::{Core, Outcome, WorkerFence};
+use crate::core::{Core, EmitQueue, Outcome, WorkerFence};
 use crate::job::{Job, JobHandler};
 use crate::wire::InboxEvent;
 
@@ -103,6 +103,9 @@ struct Worker<H> {
     outbox: Vec<Outgoing>,
     /// Inbox entries processed, to delete with the next flush.
     processed: Vec<String>,
+    /// The events its jobs emitted, written with the next flush (see
+    /// `core::emits`).
+    emits: Arc<EmitQueue>,
     inbox_key: String,
     /// The inbox, as a stream.
     inbox: Stream,
@@ -226,6 +229,9 @@ impl<H: JobHandler> Worker<H> {
                     self.complete_ready().await;
                 }
                 () = sleep_until(next_retry) => self.retry_due(),
+                // An event was emitted: written by the flush below if no
+                // call in flight will carry it (it came from a timer).
+                () = self.emits.queued() => {}
                 Some(_) = slot_changes.recv() => {
                     self.rebalance(inbox, ended).await;
                     self.unsettled = true;

@@ -1,5 +1,6 @@
-//! Writes fenced by a job's token (requeue, finish, fail) and the answers
-//! sent with the deletion of each processed inbox entry.
+//! Writes fenced by a job's token (requeue, finish, fail), each after the
+//! events its worker's jobs emitted, and the answers sent with those
+//! events and the deletion of each processed inbox entry.
 
 use crate::core::Outcome;
 use crate::job::JobHandler;
@@ -13,20 +14,16 @@ use super::{Outgoing, Worker};
 const REPLIES_KEPT: usize = 10_000;
 
 impl<H: JobHandler> Worker<H> {
-    /// Hands job `key` back to the pool under `token`; whether it was.
+    /// Hands job `key` back to the pool under `token` (after the events
+    /// its jobs emitted); whether it was.
     pub(super) async fn requeue(&self, key: &str, token: &str) -> bool {
         let keys = &self.core.keys;
-        let mut conn = self.core.conn.clone();
-        let requeued: redis::RedisResult<i64> = scripts::REQUEUE
-            .key(&keys.jobs)
-            .key(keys.record(key))
-            .key(&keys.queued)
-            .key(keys.worker_jobs(&self.id))
-            .arg(key)
-            .arg(token)
-            .invoke_async(&mut conn)
-            .await;
-        match requeued {
+        let mut cmd = scripts::evalsha(
+            &scripts::REQUEUE,
+            &[keys.jobs.clone(), keys.record(key), keys.queued.clone(), keys.worker_jobs(&self.id)],
+        );
+        cmd.arg(key).arg(token);
+        match self.emits.ordered::<i64>(&self.core, &scripts::REQUEUE, cmd).await {
             Ok(done) => done == 1,
             Err(error) => {
                 tracing::warn!(job.key = %key, error = %error, "failed to hand a job back");
@@ -37,23 +34,18 @@ impl<H: JobHandler> Worker<H> {
 
     pub(super) async fn finish(&self, key: &str, token: &str) {
         let keys = &self.core.keys;
-        let mut conn = self.core.conn.clone();
-        let finished: redis::RedisResult<i64> = scripts::FINISH
-            .key(&keys.jobs)
-            .key(keys.record(key))
-            .key(keys.held(key))
-            .key(keys.worker_jobs(&self.id))
-            .arg(key)
-            .arg(token)
-            .invoke_async(&mut conn)
-            .await;
-        if let Err(error) = finished {
+        let mut cmd = scripts::evalsha(
+            &scripts::FINISH,
+            &[keys.jobs.clone(), keys.record(key), keys.held(key), keys.worker_jobs(&self.id)],
+        );
+        cmd.arg(key).arg(token);
+        if let Err(error) = self.emits.ordered::<i64>(&self.core, &scripts::FINISH, cmd).await {
             tracing::warn!(job.key = %key, error = %error, "failed to remove a job");
         }
     }
 
     pub(super) async fn fail(&self, key: &str, token: &str, reason: &str, attempt: u32) {
-        if let Err(error) = self.core.fail(&self.id, key, token, reason, attempt).await {
+        if let Err(error) = self.core.fail(&self.emits, &self.id, key, token, reason, attempt).await {
             tracing::warn!(job.key = %key, error = %error, "failed to mark a job failed");
         }
     }
@@ -70,17 +62,22 @@ impl<H: JobHandler> Worker<H> {
         });
     }
 
-    /// Sends the answers waiting in the outbox and deletes the entries
-    /// processed since the last flush from the inbox: one round trip.
+    /// Sends the events its jobs emitted, the answers waiting in the
+    /// outbox, and deletes the entries processed since the last flush from
+    /// the inbox: one round trip. Events alone wait for the answer of the
+    /// call that emitted them, unless none is in flight for their job.
     pub(super) async fn flush(&mut self) {
-        if self.outbox.is_empty() && self.processed.is_empty() {
+        if self.outbox.is_empty()
+            && self.processed.is_empty()
+            && !self.emits.has_unaccompanied(|key| self.calls.is_busy(key))
+        {
             return;
         }
-        let mut pipe = redis::pipe();
+        let mut cmds = Vec::with_capacity(self.outbox.len() + 1);
         for out in self.outbox.drain(..) {
             // NOMKSTREAM: the answer to a node that is gone creates nothing.
-            pipe.cmd("XADD")
-                .arg(&out.stream)
+            let mut cmd = redis::cmd("XADD");
+            cmd.arg(&out.stream)
                 .arg("NOMKSTREAM")
                 .arg("MAXLEN")
                 .arg("~")
@@ -89,27 +86,29 @@ impl<H: JobHandler> Worker<H> {
                 .arg("n")
                 .arg(out.outcome.as_str())
                 .arg("p")
-                .arg(out.payload)
-                .ignore();
+                .arg(out.payload);
+            cmds.push(cmd);
         }
         if !self.processed.is_empty() {
             // XDEL, not XTRIM MINID: entries are processed out of order
             // (calls of different keys finish in any order), and an exact
             // trim scans the head node of the stream on every call;
             // deleting an entry is a lookup.
-            pipe.cmd("XDEL").arg(&self.inbox_key).arg(std::mem::take(&mut self.processed)).ignore();
+            let mut cmd = redis::cmd("XDEL");
+            cmd.arg(&self.inbox_key).arg(std::mem::take(&mut self.processed));
+            cmds.push(cmd);
         }
         // Sent again when the connection dropped: a lost answer leaves its
-        // caller waiting, and both commands may run twice (a second answer
-        // has no waiter; a second XDEL deletes nothing).
+        // caller waiting, and every command may run twice (a second answer
+        // has no waiter; a second XDEL deletes nothing; an event may be
+        // written twice).
         for wait in [0, 20, 100, 500] {
             if wait > 0 {
                 // (A zero sleep would still wait for the timer's next tick.)
                 tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
             }
-            let mut conn = self.core.conn.clone();
-            match pipe.query_async::<()>(&mut conn).await {
-                Ok(()) => return,
+            match self.emits.send(&self.core, &cmds).await {
+                Ok(_) => return,
                 Err(error) if error.is_connection_dropped() || error.is_io_error() => {
                     tracing::debug!(error = %error, "the connection dropped while answering; sending again");
                 }

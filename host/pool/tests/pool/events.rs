@@ -182,16 +182,22 @@ impl pulse_pool::JobHandler for Emitter {
 /// A stream entry as XRANGE answers it: id, then field and value pairs.
 type Entry = (String, Vec<(String, Vec<u8>)>);
 
-/// Entries of the pool's events stream, and the bytes of their payloads.
-async fn events_held(pool: &str) -> (usize, usize, usize) {
+/// The entries of the pool's events stream, oldest first.
+async fn entries(pool: &str) -> Vec<Entry> {
     let mut conn = pulse_testkit::connect(pulse_testkit::shared_redis_url()).await;
-    let entries: Vec<Entry> = redis::cmd("XRANGE")
+    redis::cmd("XRANGE")
         .arg(format!("pulse:{{{pool}}}:stream:events"))
         .arg("-")
         .arg("+")
         .query_async(&mut conn)
         .await
-        .unwrap();
+        .unwrap()
+}
+
+/// Entries of the pool's events stream, and the bytes of their payloads.
+async fn events_held(pool: &str) -> (usize, usize, usize) {
+    let entries = entries(pool).await;
+    let mut conn = pulse_testkit::connect(pulse_testkit::shared_redis_url()).await;
     let bytes = entries
         .iter()
         .flat_map(|(_, fields)| fields.iter().filter(|(f, _)| f == "p"))
@@ -224,5 +230,62 @@ async fn the_events_stream_keeps_its_retention_in_entries_and_in_bytes() {
     // One event larger than what is left: the stream holds it alone.
     assert_eq!(node.notify("e", b"1x65536").await.unwrap(), EventOutcome::Done);
     assert_eq!(events_held(&pool).await, (1, 65536, 65536));
+    finish(&pool, &[&node]).await;
+}
+
+/// The payloads of the events job `key` emitted, in the stream's order.
+async fn emitted_by(pool: &str, key: &str) -> Vec<Vec<u8>> {
+    entries(pool)
+        .await
+        .into_iter()
+        .filter(|(_, fields)| fields.iter().any(|(f, v)| f == "t" && v == key.as_bytes()))
+        .filter_map(|(_, fields)| fields.into_iter().find(|(f, _)| f == "p").map(|(_, p)| p))
+        .collect()
+}
+
+#[tokio::test]
+async fn events_are_written_in_order_before_the_answer_and_without_a_call_and_never_for_a_job_gone() {
+    let pool = unique("events_order");
+    let node = pulse_pool::Node::join(&crate::client(), &pool, crate::options()).await.unwrap();
+    let emitter = Emitter::default();
+    node.add_worker(emitter.clone()).await.unwrap();
+    node.dispatch("gone", b"").await.unwrap();
+    node.dispatch("e", b"").await.unwrap();
+    let ctx = |key: &str| emitter.contexts.lock().unwrap().get(key).cloned().unwrap();
+    let gone = ctx("gone");
+    let live = ctx("e");
+
+    // Emitted in a call: written before the call's answer comes back.
+    assert_eq!(node.notify("e", b"3x1").await.unwrap(), EventOutcome::Done);
+    assert_eq!(emitted_by(&pool, "e").await, vec![b"e".to_vec(); 3]);
+
+    // Emitted outside any call (as a timer does): written with no other
+    // traffic, in the order emitted.
+    for i in 0..20 {
+        live.emit(format!("t{i}").as_bytes()).await.unwrap();
+    }
+    // A job that stopped: its event is accepted here but refused by its
+    // token when written, so it never reaches the stream.
+    assert_eq!(node.stop("gone").await.unwrap(), EventOutcome::Done);
+    gone.emit(b"late").await.unwrap();
+    live.emit(b"last").await.unwrap();
+    let expected: Vec<Vec<u8>> = std::iter::repeat_n(b"e".to_vec(), 3)
+        .chain((0..20).map(|i| format!("t{i}").into_bytes()))
+        .chain([b"last".to_vec()])
+        .collect();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let seen = emitted_by(&pool, "e").await;
+        if seen == expected {
+            break;
+        }
+        assert!(
+            seen.len() < expected.len() && tokio::time::Instant::now() < deadline,
+            "events of e: {seen:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // The queue is written in order: "late" came before "last".
+    assert_eq!(emitted_by(&pool, "gone").await, Vec::<Vec<u8>>::new());
     finish(&pool, &[&node]).await;
 }
