@@ -72,7 +72,10 @@ fn describe() {
     describe_counter!("pulse_evictions_total", "Workers this host evicted because their lease expired");
     describe_counter!("pulse_evicted_jobs_total", "Jobs of evicted workers, queued for their next worker");
     describe_counter!("pulse_lease_renewals_failed_total", "Lease renewals that failed");
-    describe_counter!("pulse_emits_dropped_total", "Emitted events not written: their job had moved, or Redis refused");
+    describe_counter!(
+        "pulse_emits_dropped_total",
+        "Emitted events not written: their job had moved, or Redis refused"
+    );
     describe_counter!("pulse_plugin_calls_total", "Guest calls by plugin, call and outcome");
     describe_histogram!(
         "pulse_plugin_instantiate_seconds",

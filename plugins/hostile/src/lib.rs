@@ -14,6 +14,11 @@
 //! - `emit-flood`: emits 64 events of 1 MiB; fails `fatal` if the host
 //!   refuses one.
 //!
+//! - `remember`: keeps the job's key in its instance's memory (a static
+//!   and the heap); `recall` emits what its instance remembers (nothing
+//!   when it remembers nothing): an instance must never see what an
+//!   earlier one left in memory.
+//!
 //! With the setting `stop` = `loop`, `stop` never returns.
 //! Anything else starts (or is notified) and does nothing.
 
@@ -23,7 +28,13 @@ use exports::pulse::job::handler::Guest;
 use pulse::job::types::{HostError, Job, JobError, LogLevel};
 use pulse::job::{env, host};
 
+use std::sync::atomic::{AtomicU8, Ordering};
+
 const MIB: usize = 1 << 20;
+
+/// What `remember` kept: on the heap, and a copy in static memory.
+static REMEMBERED: std::sync::Mutex<Vec<u8>> = std::sync::Mutex::new(Vec::new());
+static REMEMBERED_STATIC: [AtomicU8; 64] = [const { AtomicU8::new(0) }; 64];
 
 struct Hostile;
 
@@ -77,6 +88,19 @@ fn misbehave(key: &str, payload: &[u8]) -> Result<(), JobError> {
                 host::emit(key, &event).map_err(refused)?;
             }
             Ok(())
+        }
+        b"remember" => {
+            let bytes = key.as_bytes();
+            *REMEMBERED.lock().unwrap_or_else(|poison| poison.into_inner()) = bytes.to_vec();
+            for (kept, byte) in REMEMBERED_STATIC.iter().zip(bytes) {
+                kept.store(*byte, Ordering::Relaxed);
+            }
+            Ok(())
+        }
+        b"recall" => {
+            let mut memory = REMEMBERED.lock().unwrap_or_else(|poison| poison.into_inner()).clone();
+            memory.extend(REMEMBERED_STATIC.iter().map(|b| b.load(Ordering::Relaxed)).filter(|b| *b != 0));
+            host::emit(key, &memory).map_err(refused)
         }
         _ => Ok(()),
     }

@@ -1,8 +1,8 @@
 //! Calls that succeed: the order and content of what handlers do (the
 //! contract every language's plugins meet is in `languages`).
 
-use pulse_runtime::{CallError, Isolation, Job, Output};
-use pulse_testkit::plugins::{COUNTER, TRAP};
+use pulse_runtime::{CallError, Isolation, Job, Output, Recorder, Runtime, RuntimeConfig};
+use pulse_testkit::plugins::{COUNTER, HOSTILE, TRAP};
 
 use crate::{PATIENCE, load, options, runner, runtime};
 
@@ -91,4 +91,35 @@ async fn worker_isolation_restarts_the_other_jobs_after_a_trap() {
 
 fn emits(outputs: &[Output], key: &str) -> usize {
     outputs.iter().filter(|o| matches!(o, Output::Emit { key: k, .. } if k == key)).count()
+}
+
+#[tokio::test]
+async fn an_instance_sees_nothing_an_earlier_instance_left_in_its_memory() {
+    // One slot: every instance of the test reuses the same memory.
+    let runtime = Runtime::new(RuntimeConfig::default().max_instances(1)).unwrap();
+    let remembered = |recorder: &Recorder, key: &str| recorder.emitted(key).concat();
+
+    // Worker isolation, one instance: what `remember` kept, `recall` finds
+    // (on the heap and in static memory), so the probe can see it.
+    let plugin = load(&runtime, HOSTILE, options(Isolation::Worker, &[]));
+    let (shared, recorder) = runner(&plugin);
+    shared.start(Job::new("secret", "remember")).await.unwrap();
+    shared.start(Job::new("probe", "recall")).await.unwrap();
+    assert_eq!(remembered(&recorder, "probe"), b"secretsecret");
+    shared.close().await;
+
+    // Job isolation: the next instance in the slot starts from the
+    // module's own memory, however the slot was reset.
+    let plugin = load(&runtime, HOSTILE, options(Isolation::Job, &[]));
+    let (runner, recorder) = runner(&plugin);
+    for round in 0..3 {
+        let secret = format!("secret-{round}");
+        runner.start(Job::new(&secret, "remember")).await.unwrap();
+        runner.stop(&secret).await.unwrap();
+        let probe = format!("probe-{round}");
+        runner.start(Job::new(&probe, "recall")).await.unwrap();
+        assert_eq!(remembered(&recorder, &probe), b"", "round {round}");
+        runner.stop(&probe).await.unwrap();
+    }
+    runner.close().await;
 }
