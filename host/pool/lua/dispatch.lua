@@ -24,11 +24,15 @@ if rev ~= ARGV[1] then return {{'stale', rev}} end
 local worker, reply = ARGV[2], ARGV[3]
 local max_jobs, n = tonumber(ARGV[4]), tonumber(ARGV[5])
 local state = worker == '' and 'queued' or 'running'
-local answers = {}
+-- The jobs' tokens at once, in job order (a job not claimed leaves its
+-- token unused: tokens only have to grow), and their keys added to the
+-- queued set or the worker's set at once, after the loop.
+local first = redis.call('INCRBY', KEYS[3], n) - n
+local answers, claimed = {}, {}
 for i = 1, n do
   local key, payload, request = ARGV[3 + 3 * i], ARGV[4 + 3 * i], ARGV[5 + 3 * i]
   local record = KEYS[6 + i]
-  local token = tostring(redis.call('INCR', KEYS[3]))
+  local token = tostring(first + i)
   if redis.call('HSETNX', jobs, key, ownership(state, worker, token, 0)) == 0 then
     answers[i] = {'exists', parse(redis.call('HGET', jobs, key)).state}
   elseif max_jobs > 0 and redis.call('HLEN', jobs) > max_jobs then
@@ -36,7 +40,7 @@ for i = 1, n do
     answers[i] = {'full'}
   elseif worker == '' then
     redis.call('HSET', record, 'payload', payload, 'created', now_ms(), 'attempt', 1)
-    redis.call('SADD', KEYS[4], key)
+    claimed[#claimed + 1] = key
     answers[i] = {'queued'}
   else
     -- The start event: key, token, seq, reply stream, request, attempt,
@@ -46,8 +50,9 @@ for i = 1, n do
       .. ns('') .. ns(payload) .. ns('0') .. ns('')
     local id = redis.call('XADD', KEYS[5], '*', 'n', 'start', 'p', event)
     redis.call('HSET', record, 'payload', payload, 'created', string.match(id, '^(%d+)'), 'attempt', 1)
-    redis.call('SADD', KEYS[6], key)
+    claimed[#claimed + 1] = key
     answers[i] = {'sent', token}
   end
 end
+if #claimed > 0 then redis.call('SADD', worker == '' and KEYS[4] or KEYS[6], unpack(claimed)) end
 return answers
