@@ -232,7 +232,8 @@ pub fn serve_host(args: &Args) -> BenchResult {
     let tokio = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     tokio.block_on(async {
         let client = redis::Client::open(url.as_str())?;
-        pulse_host::run::run(&config, &client).await?;
+        // `:#`: the reason with its causes (which setting, which limit).
+        pulse_host::run::run(&config, &client).await.map_err(|error| format!("{error:#}"))?;
         Ok(())
     })
 }
