@@ -152,19 +152,9 @@ impl JobContext {
     /// future is polled to completion.
     pub async fn complete(&self) -> Result<(), ContextError> {
         let losses = self.core.lease.losses(&self.fence);
-        let keys = &self.core.keys;
-        let mut cmd = scripts::evalsha(
-            &scripts::FINISH,
-            &[
-                keys.jobs.clone(),
-                keys.record(&self.key),
-                keys.held(&self.key),
-                keys.worker_jobs(&self.worker),
-            ],
-        );
-        cmd.arg(&self.key).arg(&self.token);
-        let done: i64 = self.run(&scripts::FINISH, cmd).await?;
-        if done != 1 {
+        let done =
+            self.core.finish(&self.emits, &self.worker, &self.key, &self.token).await.map_err(unavailable)?;
+        if !done {
             return Err(self.refused(losses).await);
         }
         let _ = self.ended.send(Ended::Completed { key: self.key.clone(), token: self.token.clone() });

@@ -144,16 +144,15 @@ impl EmitQueue {
         script: &Script,
         cmd: Cmd,
     ) -> RedisResult<T> {
-        let mut conn = core.conn.clone();
         if self.is_quiet() {
-            return scripts::query(script, &cmd, &mut conn).await;
+            return scripts::query(script, &cmd, &mut core.conn.clone()).await;
         }
         match self.send(core, std::slice::from_ref(&cmd)).await?.pop() {
             Some(Ok(value)) => Ok(redis::from_redis_value(value)?),
             // The events before it were written: sending it again alone
             // keeps the order.
             Some(Err(error)) if scripts::is_unknown_script(&error) => {
-                scripts::query(script, &cmd, &mut conn).await
+                scripts::query(script, &cmd, &mut core.conn.clone()).await
             }
             Some(Err(error)) => Err(error),
             None => unreachable!("one command sent, one answer"),

@@ -104,6 +104,26 @@ impl Core {
         ulid::Ulid::new().to_string()
     }
 
+    /// Removes a finished job (completed, stopped, or refused at its
+    /// start), fenced by `token`, after the events `emits` holds; false
+    /// when it is not the worker's any more.
+    pub(crate) async fn finish(
+        &self,
+        emits: &EmitQueue,
+        worker: &str,
+        key: &str,
+        token: &str,
+    ) -> redis::RedisResult<bool> {
+        let keys = &self.keys;
+        let mut cmd = scripts::evalsha(
+            &scripts::FINISH,
+            &[keys.jobs.clone(), keys.record(key), keys.held(key), keys.worker_jobs(worker)],
+        );
+        cmd.arg(key).arg(token);
+        let done: i64 = emits.ordered(self, &scripts::FINISH, cmd).await?;
+        Ok(done == 1)
+    }
+
     /// Marks a job failed, fenced by `token`, after the events `emits`
     /// holds; false when it is not the worker's any more.
     pub(crate) async fn fail(

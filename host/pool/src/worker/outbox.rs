@@ -33,13 +33,7 @@ impl<H: JobHandler> Worker<H> {
     }
 
     pub(super) async fn finish(&self, key: &str, token: &str) {
-        let keys = &self.core.keys;
-        let mut cmd = scripts::evalsha(
-            &scripts::FINISH,
-            &[keys.jobs.clone(), keys.record(key), keys.held(key), keys.worker_jobs(&self.id)],
-        );
-        cmd.arg(key).arg(token);
-        if let Err(error) = self.emits.ordered::<i64>(&self.core, &scripts::FINISH, cmd).await {
+        if let Err(error) = self.core.finish(&self.emits, &self.id, key, token).await {
             tracing::warn!(job.key = %key, error = %error, "failed to remove a job");
         }
     }
@@ -108,7 +102,12 @@ impl<H: JobHandler> Worker<H> {
                 tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
             }
             match self.emits.send(&self.core, &cmds).await {
-                Ok(_) => return,
+                Ok(replies) => {
+                    if let Some(Err(error)) = replies.into_iter().find(Result::is_err) {
+                        tracing::warn!(error = %error, "failed to answer or to delete the entry from the inbox");
+                    }
+                    return;
+                }
                 Err(error) if error.is_connection_dropped() || error.is_io_error() => {
                     tracing::debug!(error = %error, "the connection dropped while answering; sending again");
                 }
