@@ -125,9 +125,17 @@ fn measure_plugin(
     for (key, value) in calls.into_iter().chain(runner) {
         line = line.micros(key, value);
     }
-    let rss = tokio.block_on(measure_idle_memory(&plugin, idle))?;
+    let (rss, mut fresh) = tokio.block_on(measure_idle_memory(&plugin, idle))?;
+    // A runtime of its own, so that its slots are all unused.
+    let unused = Runtime::new(config())?.load(name, &bytes, options())?;
+    let mut fresh_instantiate = tokio.block_on(measure_fresh_instantiate(&unused, idle))?;
     let per_1000 = rss as f64 / f64::from(1 << 20) * 1_000.0 / idle as f64;
-    line.field("idle_instances", idle).field("rss_mib_per_1000_idle", format!("{per_1000:.1}")).print();
+    line.micros("instantiate_fresh_p50_us", percentile(&mut fresh_instantiate, 50.0))
+        .micros("runner_start_fresh_p50_us", percentile(&mut fresh, 50.0))
+        .micros("runner_start_fresh_p99_us", percentile(&mut fresh, 99.0))
+        .field("idle_instances", idle)
+        .field("rss_mib_per_1000_idle", format!("{per_1000:.1}"))
+        .print();
     Ok(())
 }
 
@@ -208,16 +216,37 @@ async fn measure_runner(
     ])
 }
 
-/// Resident bytes that `count` idle per-job instances add.
-async fn measure_idle_memory(plugin: &Plugin, count: usize) -> Result<u64, CallError> {
+/// Resident bytes that `count` idle per-job instances add, and how long
+/// each of their starts took: as every instance stays live, each start
+/// takes a slot of the pool no instance has used yet (its memory image
+/// mapped, every page it touches a page fault), unlike
+/// `runner_start_p50_us`, whose starts reuse one slot.
+async fn measure_idle_memory(plugin: &Plugin, count: usize) -> Result<(u64, Vec<Duration>), CallError> {
     let runner = plugin.runner(Arc::new(Discard));
     let before = report::resident_bytes();
+    let mut starts = Vec::with_capacity(count);
     for i in 0..count {
+        let started = Instant::now();
         runner.start(Job::new(format!("idle-{i}"), "")).await?;
+        starts.push(started.elapsed());
     }
     let after = report::resident_bytes();
     runner.close().await;
-    Ok(after.saturating_sub(before))
+    Ok((after.saturating_sub(before), starts))
+}
+
+/// How long each of `count` instantiations takes when every instance
+/// stays live: each takes a slot no instance has used yet.
+async fn measure_fresh_instantiate(plugin: &Plugin, count: usize) -> Result<Vec<Duration>, CallError> {
+    let outputs: Arc<dyn JobOutputs> = Arc::new(Discard);
+    let mut live = Vec::with_capacity(count);
+    let mut samples = Vec::with_capacity(count);
+    for _ in 0..count {
+        let started = Instant::now();
+        live.push(plugin.instantiate(outputs.clone()).await?);
+        samples.push(started.elapsed());
+    }
+    Ok(samples)
 }
 
 fn median_of(
