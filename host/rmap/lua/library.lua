@@ -9,8 +9,18 @@
 
 -- A netstring: length, colon, bytes, comma. Change messages and list
 -- values are sequences of them: binary-safe, canonical, easy to parse.
+-- Their `length:` heads are kept by length for the call: Lua turns a
+-- number into text by printing a double, which is most of what a
+-- netstring costs, and lengths repeat.
+local ns_heads = {}
 local function ns(s)
-  return #s .. ':' .. s .. ','
+  local n = #s
+  local head = ns_heads[n]
+  if not head then
+    head = string.format('%d:', n)
+    ns_heads[n] = head
+  end
+  return head .. s .. ','
 end
 
 -- The items of a sequence of netstrings, or nil when it is malformed.
