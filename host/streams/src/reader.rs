@@ -135,19 +135,25 @@ impl ReaderSubscription {
     /// # Cancel safety
     /// Cancel safe.
     pub async fn recv(&mut self) -> Option<ReaderEvent> {
-        match self.events.try_recv() {
-            Ok(event) => return Some(event),
-            Err(mpsc::error::TryRecvError::Disconnected) => return None,
-            Err(mpsc::error::TryRecvError::Empty) => {}
-        }
-        {
-            let mut state = lock(&self.state);
-            if state.lagged {
-                state.lagged = false;
-                return Some(ReaderEvent::Lagged { resume_after: state.last_queued.clone() });
-            }
+        if let Some(event) = self.try_recv() {
+            return Some(event);
         }
         self.events.recv().await
+    }
+
+    /// The next event if one is queued already (or news that events were
+    /// skipped), without waiting; `None` when none is. The end of the
+    /// subscription is left for [`ReaderSubscription::recv`] to report.
+    pub fn try_recv(&mut self) -> Option<ReaderEvent> {
+        if let Ok(event) = self.events.try_recv() {
+            return Some(event);
+        }
+        let mut state = lock(&self.state);
+        if state.lagged {
+            state.lagged = false;
+            return Some(ReaderEvent::Lagged { resume_after: state.last_queued.clone() });
+        }
+        None
     }
 }
 
