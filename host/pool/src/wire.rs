@@ -62,6 +62,21 @@ impl InboxEvent {
     }
 }
 
+/// The first character of the request ids of a node that reads answers
+/// in batches: an [`ANSWERS`] entry holds every answer of a worker's flush
+/// to that node. Request ids of nodes that do not (earlier versions make
+/// bare ULIDs, which never hold it) get one entry per answer, so workers
+/// and nodes of two versions work side by side during an upgrade.
+pub(crate) const BATCHED: char = '+';
+
+/// The name of a reply stream entry holding many answers.
+pub(crate) const ANSWERS: &str = "answers";
+
+/// Whether the node that made `request` reads [`ANSWERS`] entries.
+pub(crate) fn reads_batches(request: &str) -> bool {
+    request.starts_with(BATCHED)
+}
+
 /// A worker's answer, on the dispatcher's reply stream: name = outcome,
 /// payload = request id, message.
 pub(crate) fn encode_reply(request: &str, message: &str) -> Vec<u8> {
@@ -69,6 +84,25 @@ pub(crate) fn encode_reply(request: &str, message: &str) -> Vec<u8> {
     push(&mut out, request.as_bytes());
     push(&mut out, message.as_bytes());
     out
+}
+
+/// Appends one answer to the payload of an [`ANSWERS`] entry: outcome,
+/// request id, message.
+pub(crate) fn push_answer(out: &mut Vec<u8>, outcome: &str, request: &str, message: &str) {
+    push(out, outcome.as_bytes());
+    push(out, request.as_bytes());
+    push(out, message.as_bytes());
+}
+
+/// The answers of an [`ANSWERS`] entry: (outcome, request id, message),
+/// in order; `None` when it is malformed.
+pub(crate) fn decode_answers(payload: &[u8]) -> Option<Vec<(String, String, String)>> {
+    let f = fields(payload)?;
+    if f.len() % 3 != 0 {
+        return None;
+    }
+    let text = |bytes: &[u8]| String::from_utf8(bytes.to_vec()).ok();
+    f.chunks(3).map(|a| Some((text(a[0])?, text(a[1])?, text(a[2])?))).collect()
 }
 
 /// Decodes a reply's payload into (request id, message).
@@ -103,5 +137,23 @@ mod tests {
         assert_eq!(InboxEvent::decode("start", b"1:k,"), None);
         assert_eq!(InboxEvent::decode("bogus", &p), None);
         assert_eq!(decode_reply(&encode_reply("r1", "hi")), Some(("r1".into(), "hi".into())));
+    }
+
+    #[test]
+    fn batched_answers_decode_in_order_and_only_whole() {
+        let mut p = Vec::new();
+        push_answer(&mut p, "started", "+r1", "");
+        push_answer(&mut p, "refused", "+r2", "bad input, with a comma");
+        assert_eq!(
+            decode_answers(&p),
+            Some(vec![
+                ("started".into(), "+r1".into(), String::new()),
+                ("refused".into(), "+r2".into(), "bad input, with a comma".into()),
+            ])
+        );
+        push(&mut p, b"started");
+        assert_eq!(decode_answers(&p), None, "an answer cut short");
+        assert!(reads_batches("+01J"));
+        assert!(!reads_batches("01J"), "a bare ULID: a node answered one entry per answer");
     }
 }

@@ -99,9 +99,10 @@ impl Core {
         self.keys.redis_error(op)
     }
 
-    /// A request id unique in the pool, sortable by creation time: a ULID.
+    /// A request id unique in the pool: a ULID, after the mark of a node
+    /// that reads its answers in batches ([`crate::wire::BATCHED`]).
     pub(crate) fn next_request(&self) -> String {
-        ulid::Ulid::new().to_string()
+        format!("{}{}", crate::wire::BATCHED, ulid::Ulid::new())
     }
 
     /// Removes a finished job (completed, stopped, or refused at its

@@ -56,6 +56,30 @@ impl Waiters {
         }
     }
 
+    /// Delivers the answers of reply stream entry `name`: one answer, or
+    /// many in an `answers` entry (see [`wire::BATCHED`]). False when the
+    /// entry is malformed; an answer nobody waits for any more is dropped.
+    fn deliver_entry(&self, name: &str, payload: &[u8]) -> bool {
+        if name == wire::ANSWERS {
+            let Some(answers) = wire::decode_answers(payload) else { return false };
+            let mut whole = true;
+            for (outcome, request, message) in answers {
+                match Outcome::parse(&outcome) {
+                    Some(outcome) => self.deliver(&request, Answer { outcome, message }),
+                    None => whole = false,
+                }
+            }
+            return whole;
+        }
+        match (Outcome::parse(name), wire::decode_reply(payload)) {
+            (Some(outcome), Some((request, message))) => {
+                self.deliver(&request, Answer { outcome, message });
+                true
+            }
+            _ => false,
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, HashMap<String, oneshot::Sender<Answer>>> {
         // Held for one insert or remove, never across an await.
         self.map.lock().unwrap_or_else(|poison| poison.into_inner())
@@ -66,6 +90,13 @@ impl Waiter<'_> {
     /// The answer, or `None` after `timeout`.
     pub(crate) async fn wait(&mut self, timeout: Duration) -> Option<Answer> {
         tokio::time::timeout(timeout, &mut self.answer).await.ok().and_then(Result::ok)
+    }
+
+    /// The answer, or `None` once `deadline` passed. An answer that came
+    /// already costs no timer: many waiters with one deadline are awaited
+    /// one after the other cheaply.
+    pub(crate) async fn wait_until(&mut self, deadline: tokio::time::Instant) -> Option<Answer> {
+        tokio::time::timeout_at(deadline, &mut self.answer).await.ok().and_then(Result::ok)
     }
 }
 
@@ -103,11 +134,8 @@ pub(crate) async fn start(core: &Arc<Core>, token: &CancellationToken) -> Result
                     }
                     event = subscription.recv() => match event {
                         Some(ReaderEvent::Event(event)) => {
-                            match (Outcome::parse(&event.name), wire::decode_reply(&event.payload)) {
-                                (Some(outcome), Some((request, message))) => {
-                                    core.waiters.deliver(&request, Answer { outcome, message });
-                                }
-                                _ => tracing::warn!(id = %event.id, name = %event.name, "skipped a malformed reply"),
+                            if !core.waiters.deliver_entry(&event.name, &event.payload) {
+                                tracing::warn!(id = %event.id, name = %event.name, "skipped a malformed reply");
                             }
                         }
                         Some(ReaderEvent::Lagged { resume_after }) => {

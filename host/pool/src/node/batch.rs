@@ -97,11 +97,11 @@ impl Node {
                 }
             }
         }
-        let timeout = core.options.reply_timeout;
-        let answers =
-            futures_util::future::join_all(sent.iter_mut().map(|sent| sent.waiter.wait(timeout))).await;
-        for (sent, answer) in sent.iter().zip(answers) {
-            outcomes[sent.index] = Some(started(answer));
+        // Every answer is awaited up to the same deadline, in turn: most
+        // have come by the time their turn comes.
+        let deadline = tokio::time::Instant::now() + core.options.reply_timeout;
+        for sent in &mut sent {
+            outcomes[sent.index] = Some(started(sent.waiter.wait_until(deadline).await));
         }
         for outcome in outcomes.iter().flatten().flatten() {
             core.metrics.dispatched(outcome, began.elapsed());

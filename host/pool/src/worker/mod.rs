@@ -63,7 +63,8 @@ pub(crate) use handle::{WorkerHandle, spawn};
 struct Outgoing {
     stream: String,
     outcome: Outcome,
-    payload: Vec<u8>,
+    request: String,
+    message: String,
 }
 
 /// A job this worker runs.
@@ -243,10 +244,9 @@ impl<H: JobHandler> Worker<H> {
                     self.reconcile().await;
                 }
                 event = inbox.recv(), if room => match event {
-                    Some(ReaderEvent::Event(event)) => self.on_entry(event).await,
-                    Some(ReaderEvent::Lagged { resume_after }) => {
-                        // 65,536 unread entries: the handler is far behind.
-                        tracing::error!(resume_after, "inbox reader lagged; entries after this id were skipped");
+                    Some(event) => {
+                        self.on_read(event).await;
+                        self.read_ahead(inbox).await;
                     }
                     None => return Exit::Closed,
                 },
@@ -262,6 +262,42 @@ impl<H: JobHandler> Worker<H> {
         }
     }
 }
+
+impl<H: JobHandler> Worker<H> {
+    /// What the inbox reader delivered: an entry, or news that entries
+    /// were skipped.
+    async fn on_read(&mut self, event: ReaderEvent) {
+        match event {
+            ReaderEvent::Event(event) => self.on_entry(event).await,
+            ReaderEvent::Lagged { resume_after } => {
+                // 65,536 unread entries: the handler is far behind.
+                tracing::error!(resume_after, "inbox reader lagged; entries after this id were skipped");
+            }
+        }
+    }
+
+    /// Processes the entries read already (up to [`READ_AHEAD`], while
+    /// calls have room), then applies the calls that finished at once, so
+    /// that their answers and deletions share the next flush's round trip
+    /// instead of taking one each. Stops early where the loop must act
+    /// first: a lost lease, or a start that no longer routes here.
+    async fn read_ahead(&mut self, inbox: &mut ReaderSubscription) {
+        for _ in 1..READ_AHEAD {
+            if self.lost || self.misplaced_start || !self.calls.has_room() {
+                break;
+            }
+            match inbox.try_recv() {
+                Some(event) => self.on_read(event).await,
+                None => break,
+            }
+        }
+        self.complete_ready().await;
+    }
+}
+
+/// Inbox entries one turn of the worker's loop processes at most before it
+/// flushes their answers.
+const READ_AHEAD: usize = 64;
 
 async fn sleep_until(at: Option<Instant>) {
     match at {

@@ -9,8 +9,8 @@ use crate::wire::{self, InboxEvent};
 
 use super::{Outgoing, Worker};
 
-/// Replies kept in a node's reply stream (approximately): answers older than
-/// that have no waiter any more.
+/// Entries kept in a node's reply stream (approximately): answers older
+/// than that have no waiter any more.
 const REPLIES_KEPT: usize = 10_000;
 
 impl<H: JobHandler> Worker<H> {
@@ -52,8 +52,37 @@ impl<H: JobHandler> Worker<H> {
         self.outbox.push(Outgoing {
             stream: event.reply.clone(),
             outcome,
-            payload: wire::encode_reply(&event.request, message),
+            request: event.request.clone(),
+            message: message.to_owned(),
         });
+    }
+
+    /// The commands that send the outbox's answers: per reply stream, one
+    /// entry holding the answers to requests of a node that reads them in
+    /// batches, and one entry per answer to any other request.
+    fn answers(&mut self) -> Vec<redis::Cmd> {
+        let mut cmds = Vec::new();
+        // (stream, the payload of its `answers` entry), in order.
+        let mut batches: Vec<(String, Vec<u8>)> = Vec::new();
+        for out in self.outbox.drain(..) {
+            if !wire::reads_batches(&out.request) {
+                let payload = wire::encode_reply(&out.request, &out.message);
+                cmds.push(reply_cmd(&out.stream, out.outcome.as_str(), payload));
+                continue;
+            }
+            let at = match batches.iter().position(|(stream, _)| *stream == out.stream) {
+                Some(at) => at,
+                None => {
+                    batches.push((out.stream, Vec::new()));
+                    batches.len() - 1
+                }
+            };
+            wire::push_answer(&mut batches[at].1, out.outcome.as_str(), &out.request, &out.message);
+        }
+        for (stream, payload) in batches {
+            cmds.push(reply_cmd(&stream, wire::ANSWERS, payload));
+        }
+        cmds
     }
 
     /// Sends the events its jobs emitted, the answers waiting in the
@@ -67,22 +96,7 @@ impl<H: JobHandler> Worker<H> {
         {
             return;
         }
-        let mut cmds = Vec::with_capacity(self.outbox.len() + 1);
-        for out in self.outbox.drain(..) {
-            // NOMKSTREAM: the answer to a node that is gone creates nothing.
-            let mut cmd = redis::cmd("XADD");
-            cmd.arg(&out.stream)
-                .arg("NOMKSTREAM")
-                .arg("MAXLEN")
-                .arg("~")
-                .arg(REPLIES_KEPT)
-                .arg("*")
-                .arg("n")
-                .arg(out.outcome.as_str())
-                .arg("p")
-                .arg(out.payload);
-            cmds.push(cmd);
-        }
+        let mut cmds = self.answers();
         if !self.processed.is_empty() {
             // XDEL, not XTRIM MINID: entries are processed out of order
             // (calls of different keys finish in any order), and an exact
@@ -119,4 +133,21 @@ impl<H: JobHandler> Worker<H> {
         }
         tracing::warn!("failed to answer or to delete the entry from the inbox: Redis is unreachable");
     }
+}
+
+/// An entry named `name` on reply stream `stream`.
+fn reply_cmd(stream: &str, name: &str, payload: Vec<u8>) -> redis::Cmd {
+    // NOMKSTREAM: the answer to a node that is gone creates nothing.
+    let mut cmd = redis::cmd("XADD");
+    cmd.arg(stream)
+        .arg("NOMKSTREAM")
+        .arg("MAXLEN")
+        .arg("~")
+        .arg(REPLIES_KEPT)
+        .arg("*")
+        .arg("n")
+        .arg(name)
+        .arg("p")
+        .arg(payload);
+    cmd
 }

@@ -289,3 +289,99 @@ async fn events_are_written_in_order_before_the_answer_and_without_a_call_and_ne
     assert_eq!(emitted_by(&pool, "gone").await, Vec::<Vec<u8>>::new());
     finish(&pool, &[&node]).await;
 }
+
+/// The names of the entries of reply stream `stream`, after `after`.
+async fn reply_names(conn: &mut redis::aio::MultiplexedConnection, stream: &str, after: &str) -> Vec<String> {
+    let reply: redis::streams::StreamRangeReply =
+        redis::cmd("XRANGE").arg(stream).arg(format!("({after}")).arg("+").query_async(conn).await.unwrap();
+    reply.ids.iter().map(|entry| entry.get::<String>("n").unwrap_or_default()).collect()
+}
+
+#[tokio::test]
+async fn a_worker_answers_a_node_of_an_earlier_version_with_one_entry_per_answer() {
+    let pool = unique("answer_formats");
+    let calls = Calls::default();
+    let node = node(&pool, 1, &calls).await;
+    let worker = node.workers().await.unwrap().remove(0).id;
+    let mut conn = pulse_testkit::connect(pulse_testkit::shared_redis_url()).await;
+
+    // This version's node reads the answers of a worker's flush in one
+    // `answers` entry.
+    let jobs: Vec<(String, Vec<u8>)> = (0..20).map(|i| (format!("new-{i}"), Vec::new())).collect();
+    for outcome in node.dispatch_batch(&jobs).await {
+        assert_eq!(outcome.unwrap(), DispatchOutcome::Started);
+    }
+    let ours = format!("pulse:{{{pool}}}:stream:replies.{}", node.id());
+    let names = reply_names(&mut conn, &ours, "0-0").await;
+    assert!(names.contains(&"answers".to_owned()), "{names:?}");
+    assert!(!names.contains(&"started".to_owned()), "{names:?}");
+
+    // A node of an earlier version makes bare request ids and reads one
+    // answer per entry: its starts, written as its dispatch script writes
+    // them (key, token, seq, reply, request, attempt, requeued, created,
+    // payload, has state, state).
+    let theirs = format!("pulse:{{{pool}}}:stream:replies.earlier-node");
+    let hello: String = redis::cmd("XADD")
+        .arg(&theirs)
+        .arg("*")
+        .arg("n")
+        .arg("hello")
+        .arg("p")
+        .arg("")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    for i in 0..2 {
+        let key = format!("old-{i}");
+        let token: u64 =
+            redis::cmd("INCR").arg(format!("pulse:{{{pool}}}:tokens")).query_async(&mut conn).await.unwrap();
+        let token = token.to_string();
+        let request = format!("01EARLIER{i}");
+        let p: String = [key.as_str(), &token, "0", &theirs, &request, "1", "0", "", "x", "0", ""]
+            .iter()
+            .map(|field| format!("{}:{field},", field.len()))
+            .collect();
+        redis::pipe()
+            .hset(format!("pulse:{{{pool}}}:jobs"), &key, format!("running|{worker}|{token}|0"))
+            .hset_multiple(
+                format!("pulse:{{{pool}}}:job:{key}"),
+                &[("payload", "x"), ("created", "1"), ("attempt", "1")],
+            )
+            .sadd(format!("pulse:{{{pool}}}:worker:{worker}:jobs"), &key)
+            .xadd(
+                format!("pulse:{{{pool}}}:stream:inbox.{worker}"),
+                "*",
+                &[("n", "start"), ("p", p.as_str())],
+            )
+            .exec_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    let mut answers: Vec<(String, Vec<u8>)> = Vec::new();
+    let mut cursor = hello;
+    while answers.len() < 2 {
+        let read: Option<redis::streams::StreamReadReply> = redis::cmd("XREAD")
+            .arg("BLOCK")
+            .arg(10_000)
+            .arg("STREAMS")
+            .arg(&theirs)
+            .arg(&cursor)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let read = read.expect("the worker answers within 10 s");
+        for entry in read.keys.into_iter().flat_map(|k| k.ids) {
+            answers.push((entry.get("n").unwrap(), entry.get("p").unwrap()));
+            cursor = entry.id;
+        }
+    }
+    assert_eq!(
+        answers,
+        [
+            ("started".to_owned(), b"10:01EARLIER0,0:,".to_vec()),
+            ("started".to_owned(), b"10:01EARLIER1,0:,".to_vec())
+        ]
+    );
+    redis::cmd("DEL").arg(&theirs).exec_async(&mut conn).await.unwrap();
+    finish(&pool, &[&node]).await;
+}
