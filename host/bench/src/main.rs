@@ -66,6 +66,11 @@ mod ticker;
 
 use std::process::ExitCode;
 
+/// The allocator of `pulse-host`, so that the hosts this program runs
+/// allocate as the binary does.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const USAGE: &str = "usage: pulse-bench SCENARIO [--quick] [--jobs N] [--redis URL]\nscenarios: runtime [echo|python-echo|js-echo]..., dispatch [noop|echo-job|echo-worker|echo-http|slow|slow-serial|batch]..., idle, fetch, failover, rebalance, ticker, rollout";
 
 /// Parsed command line.

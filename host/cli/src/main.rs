@@ -23,6 +23,10 @@ use pulse_host::run;
 
 use crate::client::exit;
 
+/// mimalloc, not glibc's malloc: see the workspace's Cargo.toml.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Runs keyed, long-running jobs as sandboxed WebAssembly components across
 /// machines that share a Redis.
 #[derive(Debug, Parser)]
