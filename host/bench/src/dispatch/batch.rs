@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::{Dispatcher, Handler, PAYLOAD, WORKERS, commandstats, key_of};
+use super::{Commandstats, Dispatcher, Handler, PAYLOAD, WORKERS, key_of};
 use crate::report::{self, percentile};
 
 /// Jobs per batch (the HTTP API's largest batch).
@@ -25,7 +25,7 @@ pub(super) async fn measure(
         .chunks(BATCH)
         .map(|chunk| chunk.iter().map(|key| (key.clone(), PAYLOAD.to_vec())).collect())
         .collect();
-    let before = commandstats(stats).await?;
+    let before = Commandstats::read(stats).await?;
     let started = Instant::now();
     let mut tasks = Vec::new();
     for lane in 0..lanes {
@@ -50,7 +50,8 @@ pub(super) async fn measure(
         confirmed += lane_confirmed;
     }
     let elapsed = started.elapsed();
-    let after = commandstats(stats).await?;
+    let after = Commandstats::read(stats).await?;
+    let (calls, usec) = after.total_since(&before);
     let per_job = |value: u64| value as f64 / jobs as f64;
     report::Result::new("dispatch")
         .field("handler", handler.name())
@@ -62,9 +63,10 @@ pub(super) async fn measure(
         .field("rate_per_s", format!("{:.0}", confirmed as f64 / elapsed.as_secs_f64()))
         .millis("batch_p50_ms", percentile(&mut times, 50.0))
         .millis("batch_max_ms", percentile(&mut times, 100.0))
-        .field("cmds_per_job", format!("{:.2}", per_job(after.0 - before.0)))
-        .field("redis_cpu_us_per_job", format!("{:.1}", per_job(after.1 - before.1)))
+        .field("cmds_per_job", format!("{:.2}", per_job(calls)))
+        .field("redis_cpu_us_per_job", format!("{:.1}", per_job(usec)))
         .field("unconfirmed", jobs - confirmed)
         .print();
+    after.print_by_command(&before, handler.name(), lanes, jobs);
     Ok(keys)
 }

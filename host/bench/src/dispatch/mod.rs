@@ -34,6 +34,7 @@
 //! 2,000 for `slow`, 400 for `slow-serial`; `--jobs N` sets all of them.
 
 mod batch;
+mod commandstats;
 mod processes;
 
 use std::sync::Arc;
@@ -43,6 +44,7 @@ use pulse_pool::{Node, NodeOptions};
 
 use crate::Args;
 use crate::report::{self, percentile};
+use commandstats::Commandstats;
 use processes::spawn_noop_workers;
 pub(crate) use processes::{Dispatcher, free_address, spawn_host, wait_for_workers};
 pub use processes::{SERVE_HOST, SERVE_WORKERS, serve_host, serve_workers};
@@ -247,7 +249,7 @@ async fn measure(
     jobs: usize,
     running: usize,
 ) -> Result<Vec<String>, Box<dyn std::error::Error>> {
-    let before = commandstats(stats).await?;
+    let before = Commandstats::read(stats).await?;
     let started = Instant::now();
     let mut lanes = Vec::new();
     for lane in 0..concurrency {
@@ -275,7 +277,8 @@ async fn measure(
         unconfirmed += lane_unconfirmed;
     }
     let elapsed = started.elapsed();
-    let after = commandstats(stats).await?;
+    let after = Commandstats::read(stats).await?;
+    let (calls, usec) = after.total_since(&before);
     samples.sort_by_key(|(i, _)| *i);
     let tenth = (jobs / 10).max(1);
     let keys = samples.iter().map(|(i, _)| key_of(concurrency, *i)).collect();
@@ -296,28 +299,14 @@ async fn measure(
         .millis("max_ms", percentile(&mut all, 100.0))
         .millis("first10_p50_ms", percentile(&mut first, 50.0))
         .millis("last10_p50_ms", percentile(&mut last, 50.0))
-        .field("cmds_per_job", format!("{:.2}", per_job(after.0 - before.0)))
-        .field("redis_cpu_us_per_job", format!("{:.1}", per_job(after.1 - before.1)))
+        .field("cmds_per_job", format!("{:.2}", per_job(calls)))
+        .field("redis_cpu_us_per_job", format!("{:.1}", per_job(usec)))
         .field("unconfirmed", unconfirmed)
         .print();
+    after.print_by_command(&before, handler.name(), concurrency, jobs);
     Ok(keys)
 }
 
 pub(super) fn key_of(concurrency: usize, i: usize) -> String {
     format!("c{concurrency}-{i}")
-}
-
-/// (executed commands, their CPU µs) so far, from `INFO commandstats`
-/// (Lua-internal calls included).
-pub(super) async fn commandstats(
-    conn: &mut redis::aio::MultiplexedConnection,
-) -> redis::RedisResult<(u64, u64)> {
-    let info: String = redis::cmd("INFO").arg("commandstats").query_async(conn).await?;
-    let field = |line: &str, name: &str| -> u64 {
-        line.split(name).nth(1).and_then(|rest| rest.split(',').next()?.parse().ok()).unwrap_or(0)
-    };
-    Ok(info
-        .lines()
-        .filter(|line| line.starts_with("cmdstat_"))
-        .fold((0, 0), |(calls, usec), line| (calls + field(line, "calls="), usec + field(line, "usec="))))
 }

@@ -1,0 +1,74 @@
+//! What Redis executed during one line of the scenario, from `INFO
+//! commandstats` (Lua-internal calls included): the totals of the line's
+//! `RESULT`, and a `dispatch-redis` line with each command's share, so
+//! that where Redis spends a job's time is one command away.
+
+use std::collections::BTreeMap;
+
+use crate::report;
+
+/// Per command: (calls, CPU µs) so far.
+pub(super) struct Commandstats(BTreeMap<String, (u64, u64)>);
+
+/// Commands executed fewer times per job than this are left out of the
+/// `dispatch-redis` line (membership upkeep, the bench's own `INFO`).
+const LEAST_PER_JOB: f64 = 0.005;
+
+impl Commandstats {
+    pub(super) async fn read(conn: &mut redis::aio::MultiplexedConnection) -> redis::RedisResult<Self> {
+        let info: String = redis::cmd("INFO").arg("commandstats").query_async(conn).await?;
+        let field = |line: &str, name: &str| -> u64 {
+            line.split(name).nth(1).and_then(|rest| rest.split(',').next()?.parse().ok()).unwrap_or(0)
+        };
+        Ok(Self(
+            info.lines()
+                .filter_map(|line| {
+                    let (name, _) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+                    Some((name.to_owned(), (field(line, "calls="), field(line, "usec="))))
+                })
+                .collect(),
+        ))
+    }
+
+    /// (calls, CPU µs) of each command since `before`, busiest first.
+    fn since(&self, before: &Self) -> Vec<(String, u64, u64)> {
+        let mut spent: Vec<(String, u64, u64)> = self
+            .0
+            .iter()
+            .map(|(name, &(calls, usec))| {
+                let (calls_before, usec_before) = before.0.get(name).copied().unwrap_or_default();
+                (name.clone(), calls.saturating_sub(calls_before), usec.saturating_sub(usec_before))
+            })
+            .filter(|(_, calls, _)| *calls > 0)
+            .collect();
+        spent.sort_by(|a, b| b.2.cmp(&a.2).then_with(|| a.0.cmp(&b.0)));
+        spent
+    }
+
+    /// (executed commands, their CPU µs) since `before`.
+    pub(super) fn total_since(&self, before: &Self) -> (u64, u64) {
+        self.since(before).iter().fold((0, 0), |(calls, usec), (_, c, u)| (calls + c, usec + u))
+    }
+
+    /// Prints the `dispatch-redis` line of `jobs` jobs: per command, calls
+    /// and CPU µs per job (`evalsha_per_job`, `evalsha_us_per_job`; a
+    /// subcommand's `|` becomes `_`). A script's time includes the
+    /// commands it calls, which are listed too.
+    pub(super) fn print_by_command(&self, before: &Self, handler: &str, dispatchers: usize, jobs: usize) {
+        let mut line = report::Result::new("dispatch-redis")
+            .field("handler", handler)
+            .field("dispatchers", dispatchers)
+            .field("jobs", jobs);
+        for (name, calls, usec) in self.since(before) {
+            let per_job = calls as f64 / jobs as f64;
+            if per_job < LEAST_PER_JOB {
+                continue;
+            }
+            let name = name.replace('|', "_");
+            line = line
+                .field(&format!("{name}_per_job"), format!("{per_job:.3}"))
+                .field(&format!("{name}_us_per_job"), format!("{:.2}", usec as f64 / jobs as f64));
+        }
+        line.print();
+    }
+}
