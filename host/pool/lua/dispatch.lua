@@ -55,7 +55,9 @@ for i = 1, n do
     -- The start event: key, token, seq, reply stream, request, attempt,
     -- requeued, created ('' = the event's own time), payload, has state,
     -- state.
-    local event = ns(key) .. ns(token) .. after_token .. ns(request) .. after_request .. ns(payload)
+    -- (One concatenation: each `..` of a separate `ns` would make a string.)
+    local event = ns_head(#key) .. key .. ',' .. ns_head(#token) .. token .. ',' .. after_token
+      .. ns_head(#request) .. request .. ',' .. after_request .. ns_head(#payload) .. payload .. ','
       .. after_payload
     local id = redis.call('XADD', KEYS[5], '*', 'n', 'start', 'p', event)
     redis.call('HSET', record, 'payload', payload, 'created', string.match(id, '^(%d+)'), 'attempt', '1')

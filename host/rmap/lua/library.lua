@@ -13,14 +13,16 @@
 -- number into text by printing a double, which is most of what a
 -- netstring costs, and lengths repeat.
 local ns_heads = {}
-local function ns(s)
-  local n = #s
+local function ns_head(n)
   local head = ns_heads[n]
   if not head then
     head = string.format('%d:', n)
     ns_heads[n] = head
   end
-  return head .. s .. ','
+  return head
+end
+local function ns(s)
+  return ns_head(#s) .. s .. ','
 end
 
 -- The items of a sequence of netstrings, or nil when it is malformed.
