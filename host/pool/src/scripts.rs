@@ -1,8 +1,9 @@
-//! The pool's Lua scripts (`lua/`), each prefixed with the replicated map
-//! library ([`pulse_rmap::SCRIPT_LIBRARY`]: the slot table and workers map
-//! change in the same step as the jobs) and `lua/prelude.lua` (the
-//! ownership format and helpers) and opening with its `KEYS`/`ARGV`
-//! contract and why it must be atomic.
+//! The pool's Lua scripts (`lua/`), each after the functions it uses of the
+//! replicated map library ([`pulse_rmap::SCRIPT_LIBRARY`]: the slot table
+//! and workers map change in the same step as the jobs) and of
+//! `lua/prelude.lua` (the ownership format and helpers), put together by
+//! [`pulse_rmap::assemble`], and opening with its `KEYS`/`ARGV` contract
+//! and why it must be atomic.
 
 use std::sync::LazyLock;
 
@@ -13,10 +14,9 @@ const PRELUDE: &str = include_str!("../lua/prelude.lua");
 macro_rules! script {
     ($name:ident, $file:literal) => {
         pub(crate) static $name: LazyLock<Script> = LazyLock::new(|| {
-            Script::new(&format!(
-                "{}\n{PRELUDE}\n{}",
-                pulse_rmap::SCRIPT_LIBRARY,
-                include_str!(concat!("../lua/", $file))
+            Script::new(&pulse_rmap::assemble(
+                &[pulse_rmap::SCRIPT_LIBRARY, PRELUDE],
+                include_str!(concat!("../lua/", $file)),
             ))
         });
     };

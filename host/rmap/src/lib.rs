@@ -48,5 +48,5 @@ mod subscription;
 pub use codec::{decode_list, encode_list, netstrings, push_netstring};
 pub use error::{Error, Result};
 pub use map::{Map, MapOptions, Swap, Ttl};
-pub use scripts::SCRIPT_LIBRARY;
+pub use scripts::{SCRIPT_LIBRARY, assemble};
 pub use subscription::{MapEvent, Subscription};
