@@ -78,9 +78,11 @@ struct Block<'a> {
 }
 
 /// The top-level statements of `library`. Each starts at a line in column
-/// 0 that is not a comment, a blank line or a closing `end`, or at the
-/// comment lines just above it; the library's opening comments are left
-/// out.
+/// 0 that begins with a letter and is not a comment or a closing `end`, or
+/// at the comment lines just above it; the library's opening comments are
+/// left out. So a statement's inner lines must be indented, as they are in
+/// this project's Lua: a library that breaks this makes scripts that fail
+/// to load, which the first test to run one shows.
 fn blocks(library: &str) -> Vec<Block<'_>> {
     let mut starts = Vec::new();
     // Where the comment lines just above the current line began.
