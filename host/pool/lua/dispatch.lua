@@ -28,12 +28,10 @@ local state = worker == '' and 'queued' or 'running'
 -- token unused: tokens only have to grow), and their keys added to the
 -- queued set or the worker's set at once, after the loop.
 local first = redis.call('INCRBY', KEYS[3], n) - n
--- What every job of the call shares, made once: its ownership but the
--- token, and the start event's fields but key, token, request and
--- payload (seq 0, reply stream | attempt 1, not requeued, created at the
--- event's time | no state). Numbers become text with '%d': `tostring`
--- prints a double.
-local owned = state .. '|' .. worker .. '|'
+-- What every job's start event shares, made once: its fields but key,
+-- token, request and payload (seq 0, reply stream | attempt 1, not
+-- requeued, created at the event's time | no state). Numbers become text
+-- with '%d': `tostring` prints a double.
 local after_token = ns('0') .. ns(reply)
 local after_request = ns('1') .. ns('0') .. ns('')
 local after_payload = ns('0') .. ns('')
@@ -42,7 +40,7 @@ for i = 1, n do
   local key, payload, request = ARGV[3 + 3 * i], ARGV[4 + 3 * i], ARGV[5 + 3 * i]
   local record = KEYS[6 + i]
   local token = string.format('%d', first + i)
-  if redis.call('HSETNX', jobs, key, owned .. token .. '|0') == 0 then
+  if redis.call('HSETNX', jobs, key, ownership(state, worker, token, 0)) == 0 then
     answers[i] = {'exists', parse(redis.call('HGET', jobs, key)).state}
   elseif max_jobs > 0 and redis.call('HLEN', jobs) > max_jobs then
     redis.call('HDEL', jobs, key)

@@ -89,7 +89,7 @@ impl Waiters {
 impl Waiter<'_> {
     /// The answer, or `None` after `timeout`.
     pub(crate) async fn wait(&mut self, timeout: Duration) -> Option<Answer> {
-        tokio::time::timeout(timeout, &mut self.answer).await.ok().and_then(Result::ok)
+        self.wait_until(tokio::time::Instant::now() + timeout).await
     }
 
     /// The answer, or `None` once `deadline` passed. An answer that came
