@@ -280,6 +280,45 @@ impl Node {
     }
 }
 
+impl Node {
+    /// Waits until the shutdown's caller has removed the pool's keys (its
+    /// flag goes last), for at most [`REMOVAL`]. Workers leave before the
+    /// keys are removed, so a host that stops its embedded Redis once its
+    /// workers left would cut the removal short and leave the flag behind:
+    /// nobody could join the pool again.
+    pub(super) async fn shutdown_removed(&self) {
+        let core = &self.core;
+        let mut conn = core.conn.clone();
+        let deadline = tokio::time::Instant::now() + REMOVAL;
+        loop {
+            let flagged: redis::RedisResult<bool> =
+                redis::cmd("EXISTS").arg(&core.keys.shutdown).query_async(&mut conn).await;
+            match flagged {
+                Ok(false) => return,
+                Ok(true) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(REMOVAL_POLL).await;
+                }
+                Ok(true) => {
+                    tracing::warn!(pool = %core.keys.pool, "the pool's keys were not removed within {REMOVAL:?} of its shutdown; going on");
+                    return;
+                }
+                Err(error) => {
+                    tracing::warn!(pool = %core.keys.pool, error = %error, "cannot tell whether the pool's keys were removed; going on");
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// How long a node whose workers left waits for the shutdown's caller to
+/// remove the pool's keys: the caller waits up to its own timeout for
+/// other nodes' workers first (the command line's default is 60 s).
+const REMOVAL: Duration = Duration::from_secs(90);
+
+/// How often it looks.
+const REMOVAL_POLL: Duration = Duration::from_millis(50);
+
 /// Waits for the pool to shut down; then stops every job of this node's
 /// workers and makes them leave.
 pub(super) async fn on_shutdown(

@@ -140,9 +140,10 @@ impl Node {
         Ok(Self { core, client_only, local_workers, stopped })
     }
 
-    /// Waits until the pool shuts down ([`Node::shutdown`], from any node)
-    /// and this node's workers have stopped their jobs and left. Never
-    /// resolves on a client-only node.
+    /// Waits until the pool shuts down ([`Node::shutdown`], from any node),
+    /// this node's workers have stopped their jobs and left, and the
+    /// shutdown has removed the pool's keys (see
+    /// [`Node::shutdown_removed`]). Never resolves on a client-only node.
     ///
     /// # Cancel safety
     /// Cancel safe: it only waits.
@@ -151,6 +152,7 @@ impl Node {
         if stopped.wait_for(|stopped| *stopped).await.is_err() {
             std::future::pending::<()>().await;
         }
+        self.shutdown_removed().await;
     }
 
     /// This node's id.
