@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
-use crate::core::{Core, Emit, EmitQueue, WorkerFence, emit_cmd};
+use crate::core::{Core, Emit, EmitQueue, WorkerFence, emit_cmd, written_flags};
 use crate::scripts;
 
 /// Why the pool refused a handler's request.
@@ -137,8 +137,8 @@ impl JobContext {
         } else {
             emit
         };
-        let ids: Vec<String> = self.run(&scripts::EMIT, emit_cmd(&self.core, &[emit])).await?;
-        if ids.first().is_some_and(|id| !id.is_empty()) { Ok(()) } else { Err(self.refused(losses).await) }
+        let flags: String = self.run(&scripts::EMIT, emit_cmd(&self.core, &self.worker, &[emit])).await?;
+        if written_flags(&flags).next() == Some(true) { Ok(()) } else { Err(self.refused(losses).await) }
     }
 
     /// Declares the job finished: it is removed from the pool and its

@@ -17,8 +17,12 @@ pub(crate) struct PoolKeys {
     pub(crate) queued: String,
     /// What plugins emit.
     pub(crate) events: String,
-    /// The payload bytes the events stream holds.
-    pub(crate) events_bytes: String,
+    /// The payload bytes ever written to the events stream (see
+    /// `emit.lua`).
+    pub(crate) events_written: String,
+    /// The payload bytes the events stream held, as versions whose events
+    /// carried no byte counter kept them: the counter above starts there.
+    pub(crate) events_bytes_earlier: String,
     /// The identity of the handler that serves the pool.
     pub(crate) handler: String,
     /// Worker leases: worker -> deadline, ms of Redis time.
@@ -57,7 +61,8 @@ impl PoolKeys {
             joins: key("joins"),
             queued: key("queued"),
             events: pulse_streams::stream_key(pool, EVENTS_STREAM),
-            events_bytes: key("events-bytes"),
+            events_written: key("events-written"),
+            events_bytes_earlier: key("events-bytes"),
             handler: key("handler"),
             leases: key("leases"),
             epoch: key("epoch"),

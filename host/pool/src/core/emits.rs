@@ -57,8 +57,9 @@ struct Pending {
 }
 
 /// One worker's queue of events to write (see the module's docs).
-#[derive(Default)]
 pub(crate) struct EmitQueue {
+    /// The worker whose jobs emit them.
+    worker: String,
     pending: Mutex<Pending>,
     /// Held from taking a batch until its pipeline is answered: batches
     /// reach Redis in the order they were taken.
@@ -69,6 +70,15 @@ pub(crate) struct EmitQueue {
 }
 
 impl EmitQueue {
+    pub(crate) fn new(worker: &str) -> Self {
+        Self {
+            worker: worker.to_owned(),
+            pending: Mutex::default(),
+            sending: tokio::sync::Mutex::default(),
+            queued: Notify::new(),
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, Pending> {
         // Held for a queue operation, never across an await.
         self.pending.lock().unwrap_or_else(|poison| poison.into_inner())
@@ -172,7 +182,7 @@ impl EmitQueue {
         pipe.ignore_errors();
         let batches: Vec<&[Emit]> = events.chunks(BATCH).collect();
         for batch in &batches {
-            pipe.add_command(emit_cmd(core, batch));
+            pipe.add_command(emit_cmd(core, &self.worker, batch));
         }
         for cmd in then {
             pipe.add_command(cmd.clone());
@@ -186,7 +196,7 @@ impl EmitQueue {
                 // restart, `SCRIPT FLUSH`): this batch lands after `then`,
                 // the only case it does.
                 Err(error) if scripts::is_unknown_script(&error) => {
-                    scripts::query(&scripts::EMIT, &emit_cmd(core, batch), &mut conn).await
+                    scripts::query(&scripts::EMIT, &emit_cmd(core, &self.worker, batch), &mut conn).await
                 }
                 other => other.and_then(|value| Ok(redis::from_redis_value(value)?)),
             };
@@ -196,26 +206,37 @@ impl EmitQueue {
     }
 }
 
-/// `emit.lua` for `batch`.
-pub(crate) fn emit_cmd(core: &Core, batch: &[Emit]) -> Cmd {
+/// `emit.lua` for `batch`, emitted by jobs of `worker`.
+pub(crate) fn emit_cmd(core: &Core, worker: &str, batch: &[Emit]) -> Cmd {
     let keys = &core.keys;
     let mut cmd = scripts::evalsha(
         &scripts::EMIT,
-        &[keys.jobs.clone(), keys.events.clone(), keys.events_bytes.clone()],
+        &[
+            keys.jobs.clone(),
+            keys.events.clone(),
+            keys.events_written.clone(),
+            keys.events_bytes_earlier.clone(),
+        ],
     );
-    cmd.arg(core.options.events_retention).arg(core.options.events_max_bytes).arg(batch.len());
+    cmd.arg(core.options.events_retention).arg(core.options.events_max_bytes).arg(worker);
     for emit in batch {
         cmd.arg(&emit.key).arg(&emit.token).arg(&emit.payload);
     }
     cmd
 }
 
+/// Whether each event of a batch was written, from `emit.lua`'s answer:
+/// one `1` (written) or `0` (refused) per event, in order.
+pub(crate) fn written_flags(flags: &str) -> impl Iterator<Item = bool> + '_ {
+    flags.bytes().map(|flag| flag == b'1')
+}
+
 /// Counts and logs the events of `batch` that were not written.
-fn written(core: &Core, batch: &[Emit], reply: RedisResult<Vec<String>>) {
+fn written(core: &Core, batch: &[Emit], reply: RedisResult<String>) {
     match reply {
-        Ok(ids) => {
-            for (emit, id) in batch.iter().zip(ids) {
-                if id.is_empty() {
+        Ok(flags) => {
+            for (emit, written) in batch.iter().zip(written_flags(&flags)) {
+                if !written {
                     tracing::debug!(job.key = %emit.key, token = %emit.token, "dropped an event: the job is no longer this worker's");
                     core.metrics.emits_dropped.increment(1);
                 }

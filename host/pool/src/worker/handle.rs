@@ -8,7 +8,7 @@ use pulse_streams::{ReaderOptions, ReaderSubscription, Start, Stream, StreamOpti
 use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
 
-use crate::core::{Core, WorkerFence};
+use crate::core::{Core, EmitQueue, WorkerFence};
 use crate::error::Result;
 use crate::job::JobHandler;
 use crate::keys::PoolKeys;
@@ -102,6 +102,7 @@ pub(crate) async fn spawn<H: JobHandler>(
     let (ended_tx, ended_rx) = mpsc::unbounded_channel();
     let span = tracing::info_span!("pool.worker", worker = %id);
     let fence = core.lease.add_member(&id, None);
+    let emits = Arc::new(EmitQueue::new(&id));
     let worker = Worker {
         inbox_key: core.keys.inbox(&id),
         inbox: inbox_stream,
@@ -114,7 +115,7 @@ pub(crate) async fn spawn<H: JobHandler>(
         skipped: false,
         outbox: Vec::new(),
         processed: Vec::new(),
-        emits: Arc::default(),
+        emits,
         handler: Arc::new(handler),
         calls: super::calls::Calls::new(options.max_concurrent_calls),
         running: HashMap::new(),

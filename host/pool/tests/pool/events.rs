@@ -194,17 +194,29 @@ async fn entries(pool: &str) -> Vec<Entry> {
         .unwrap()
 }
 
-/// Entries of the pool's events stream, and the bytes of their payloads.
+/// Entries of the pool's events stream, the bytes of their payloads, and
+/// the bytes the stream's accounting says it holds: the newest entry's
+/// `c` (the counter of bytes written) less the oldest entry's `c` and
+/// payload. Also checks each entry's `c` against the payloads before it.
 async fn events_held(pool: &str) -> (usize, usize, usize) {
     let entries = entries(pool).await;
-    let mut conn = pulse_testkit::connect(pulse_testkit::shared_redis_url()).await;
-    let bytes = entries
-        .iter()
-        .flat_map(|(_, fields)| fields.iter().filter(|(f, _)| f == "p"))
-        .map(|(_, p)| p.len())
-        .sum();
-    let counted: usize =
-        redis::cmd("GET").arg(format!("pulse:{{{pool}}}:events-bytes")).query_async(&mut conn).await.unwrap();
+    let field = |fields: &[(String, Vec<u8>)], name: &str| -> Vec<u8> {
+        fields.iter().find(|(f, _)| f == name).map(|(_, v)| v.clone()).unwrap()
+    };
+    let counted_at = |fields: &[(String, Vec<u8>)]| -> usize {
+        String::from_utf8(field(fields, "c")).unwrap().parse().unwrap()
+    };
+    let bytes = entries.iter().map(|(_, fields)| field(fields, "p").len()).sum();
+    for pair in entries.windows(2) {
+        let (before, after) = (&pair[0].1, &pair[1].1);
+        assert_eq!(counted_at(after), counted_at(before) + field(after, "p").len(), "c counts the payloads");
+    }
+    let counted = match (entries.first(), entries.last()) {
+        (Some((_, oldest)), Some((_, newest))) => {
+            counted_at(newest) - (counted_at(oldest) - field(oldest, "p").len())
+        }
+        _ => 0,
+    };
     (entries.len(), bytes, counted)
 }
 
@@ -230,6 +242,58 @@ async fn the_events_stream_keeps_its_retention_in_entries_and_in_bytes() {
     // One event larger than what is left: the stream holds it alone.
     assert_eq!(node.notify("e", b"1x65536").await.unwrap(), EventOutcome::Done);
     assert_eq!(events_held(&pool).await, (1, 65536, 65536));
+    finish(&pool, &[&node]).await;
+}
+
+#[tokio::test]
+async fn events_an_earlier_version_wrote_count_toward_the_byte_bound() {
+    let pool = unique("events_earlier");
+    let options =
+        pulse_pool::NodeOptions { events_retention: 100, events_max_bytes: 64 << 10, ..crate::options() };
+    let node = pulse_pool::Node::join(&crate::client(), &pool, options).await.unwrap();
+    node.add_worker(Emitter::default()).await.unwrap();
+    node.dispatch("e", b"").await.unwrap();
+    // What a version whose entries carry no byte counter leaves: 15
+    // entries of 4,000 bytes, and the bytes it counted as held.
+    let mut conn = pulse_testkit::connect(pulse_testkit::shared_redis_url()).await;
+    for _ in 0..15 {
+        redis::cmd("XADD")
+            .arg(format!("pulse:{{{pool}}}:stream:events"))
+            .arg("*")
+            .arg(&["n", "emit", "t", "earlier", "p"])
+            .arg(vec![b'o'; 4000])
+            .exec_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    redis::cmd("SET")
+        .arg(format!("pulse:{{{pool}}}:events-bytes"))
+        .arg(60_000)
+        .exec_async(&mut conn)
+        .await
+        .unwrap();
+    let earlier =
+        |entries: &[Entry]| entries.iter().filter(|(_, fields)| fields.iter().all(|(f, _)| f != "c")).count();
+
+    // 8,000 bytes more make 68,000, past 64 KiB: the oldest entries go,
+    // only as many as it takes.
+    assert_eq!(node.notify("e", b"2x4000").await.unwrap(), EventOutcome::Done);
+    let held = entries(&pool).await;
+    let bytes: usize = held
+        .iter()
+        .flat_map(|(_, fields)| fields.iter().filter(|(f, _)| f == "p"))
+        .map(|(_, p)| p.len())
+        .sum();
+    assert!(bytes <= 64 << 10, "{bytes} bytes held for a limit of 64 KiB");
+    assert!((10..15).contains(&earlier(&held)), "{} of 15 earlier entries left", earlier(&held));
+    assert_eq!(emitted_by(&pool, "e").await.len(), 2);
+    // Large events: the earlier entries are all trimmed, and what is left
+    // is counted exactly.
+    assert_eq!(node.notify("e", b"40x16000").await.unwrap(), EventOutcome::Done);
+    assert_eq!(earlier(&entries(&pool).await), 0);
+    let (entries, bytes, counted) = events_held(&pool).await;
+    assert!(bytes <= 64 << 10 && entries >= 3, "{entries} entries of {bytes} bytes for a limit of 64 KiB");
+    assert_eq!(counted, bytes);
     finish(&pool, &[&node]).await;
 }
 

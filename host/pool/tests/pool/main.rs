@@ -197,9 +197,8 @@ pub async fn finish(pool: &str, nodes: &[&Node]) {
         node.close().await;
     }
     let mut conn = pulse_testkit::connect(pulse_testkit::shared_redis_url()).await;
-    for suffix in
-        ["map:slots", "map:workers", "tokens", "joins", "epoch", "stream:events", "events-bytes", "tickers"]
-    {
+    let counters = ["tokens", "joins", "epoch", "events-written", "events-bytes", "tickers"];
+    for suffix in ["map:slots", "map:workers", "stream:events"].into_iter().chain(counters) {
         redis::cmd("DEL").arg(format!("pulse:{{{pool}}}:{suffix}")).exec_async(&mut conn).await.unwrap();
     }
     pulse_testkit::assert_no_keys(&mut conn, pool).await;
