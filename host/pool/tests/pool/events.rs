@@ -206,7 +206,7 @@ async fn events_held(pool: &str) -> (usize, usize, usize) {
     let counted_at = |fields: &[(String, Vec<u8>)]| -> usize {
         String::from_utf8(field(fields, "c")).unwrap().parse().unwrap()
     };
-    let bytes = entries.iter().map(|(_, fields)| field(fields, "p").len()).sum();
+    let bytes = payload_bytes(&entries);
     for pair in entries.windows(2) {
         let (before, after) = (&pair[0].1, &pair[1].1);
         assert_eq!(counted_at(after), counted_at(before) + field(after, "p").len(), "c counts the payloads");
@@ -220,14 +220,26 @@ async fn events_held(pool: &str) -> (usize, usize, usize) {
     (entries.len(), bytes, counted)
 }
 
+/// A node of pool `pool` whose events stream keeps 100 entries and 64 KiB,
+/// running job `e` on an [`Emitter`].
+async fn bounded_emitter(pool: &str) -> pulse_pool::Node {
+    let options =
+        pulse_pool::NodeOptions { events_retention: 100, events_max_bytes: 64 << 10, ..crate::options() };
+    let node = pulse_pool::Node::join(&crate::client(), pool, options).await.unwrap();
+    node.add_worker(Emitter::default()).await.unwrap();
+    node.dispatch("e", b"").await.unwrap();
+    node
+}
+
+/// The bytes of the payloads of `entries`.
+fn payload_bytes(entries: &[Entry]) -> usize {
+    entries.iter().flat_map(|(_, fields)| fields.iter().filter(|(f, _)| f == "p")).map(|(_, p)| p.len()).sum()
+}
+
 #[tokio::test]
 async fn the_events_stream_keeps_its_retention_in_entries_and_in_bytes() {
     let pool = unique("events_bounds");
-    let options =
-        pulse_pool::NodeOptions { events_retention: 100, events_max_bytes: 64 << 10, ..crate::options() };
-    let node = pulse_pool::Node::join(&crate::client(), &pool, options).await.unwrap();
-    node.add_worker(Emitter::default()).await.unwrap();
-    node.dispatch("e", b"").await.unwrap();
+    let node = bounded_emitter(&pool).await;
 
     // Many small events: about the retention in entries.
     assert_eq!(node.notify("e", b"500x100").await.unwrap(), EventOutcome::Done);
@@ -248,11 +260,7 @@ async fn the_events_stream_keeps_its_retention_in_entries_and_in_bytes() {
 #[tokio::test]
 async fn events_an_earlier_version_wrote_count_toward_the_byte_bound() {
     let pool = unique("events_earlier");
-    let options =
-        pulse_pool::NodeOptions { events_retention: 100, events_max_bytes: 64 << 10, ..crate::options() };
-    let node = pulse_pool::Node::join(&crate::client(), &pool, options).await.unwrap();
-    node.add_worker(Emitter::default()).await.unwrap();
-    node.dispatch("e", b"").await.unwrap();
+    let node = bounded_emitter(&pool).await;
     // What a version whose entries carry no byte counter leaves: 15
     // entries of 4,000 bytes, and the bytes it counted as held.
     let mut conn = pulse_testkit::connect(pulse_testkit::shared_redis_url()).await;
@@ -279,11 +287,7 @@ async fn events_an_earlier_version_wrote_count_toward_the_byte_bound() {
     // only as many as it takes.
     assert_eq!(node.notify("e", b"2x4000").await.unwrap(), EventOutcome::Done);
     let held = entries(&pool).await;
-    let bytes: usize = held
-        .iter()
-        .flat_map(|(_, fields)| fields.iter().filter(|(f, _)| f == "p"))
-        .map(|(_, p)| p.len())
-        .sum();
+    let bytes = payload_bytes(&held);
     assert!(bytes <= 64 << 10, "{bytes} bytes held for a limit of 64 KiB");
     assert!((10..15).contains(&earlier(&held)), "{} of 15 earlier entries left", earlier(&held));
     assert_eq!(emitted_by(&pool, "e").await.len(), 2);
