@@ -4,6 +4,8 @@
 //! - [`server`]: [`RedisServer`], a private `redis-server` process that a
 //!   test owns and can kill and restart, and [`shared_redis_url`], the server
 //!   the tests of one binary share.
+//! - [`topology`]: [`RedisCluster`] and [`RedisSentinels`], local
+//!   deployments of several servers for tests of Cluster and Sentinel.
 //! - [`names`]: [`unique`] names, so tests on one server never see each
 //!   other's keys, and the leak check [`assert_no_keys`].
 //! - [`plugins`]: paths to the components `scripts/build-plugins` built.
@@ -34,11 +36,13 @@ pub mod names;
 pub mod plugins;
 pub mod pools;
 pub mod server;
+pub mod topology;
 
 pub use http::HttpServer;
 pub use names::{assert_no_keys, keys_under, unique};
 pub use pools::slot_table;
 pub use server::{RedisServer, connect, shared_redis_url};
+pub use topology::{RedisCluster, RedisSentinels};
 
 /// Sends `tracing` output of the code under test to the test's captured
 /// output, filtered by `RUST_LOG` (default: `warn`). Safe to call from every

@@ -45,6 +45,11 @@ pub struct RedisServer {
     persistent: bool,
     port: u16,
     url: String,
+    /// Arguments after the usual ones (cluster mode, replication).
+    extra: Vec<String>,
+    /// A sentinel's configuration file, in its folder: the server runs as
+    /// a Sentinel.
+    sentinel: bool,
     process: Option<Process>,
 }
 
@@ -85,7 +90,34 @@ impl RedisServer {
         Self::start_with(Listen::Unix, true)
     }
 
+    /// Starts a server on a free loopback port with `extra` arguments
+    /// after the usual ones (`--cluster-enabled yes`, `--replicaof …`).
+    ///
+    /// # Panics
+    /// As [`RedisServer::start`].
+    pub fn start_tcp_with(extra: &[&str]) -> Self {
+        Self::build(Listen::Tcp, false, extra.iter().map(|a| (*a).to_owned()).collect(), None)
+    }
+
+    /// Starts a Sentinel on a free loopback port whose configuration file
+    /// holds `config` (its `port` line is added).
+    ///
+    /// # Panics
+    /// As [`RedisServer::start`].
+    pub fn start_sentinel(config: &str) -> Self {
+        Self::build(Listen::Tcp, false, Vec::new(), Some(config))
+    }
+
+    /// The port of a server started on TCP.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     fn start_with(listen: Listen, persistent: bool) -> Self {
+        Self::build(listen, persistent, Vec::new(), None)
+    }
+
+    fn build(listen: Listen, persistent: bool, extra: Vec<String>, sentinel: Option<&str>) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("pulse-redis-")
             .tempdir()
@@ -98,7 +130,12 @@ impl RedisServer {
             Listen::Unix => format!("redis+unix://{}", dir.path().join("redis.sock").display()),
             Listen::Tcp => format!("redis://127.0.0.1:{port}/"),
         };
-        let mut server = Self { dir, listen, persistent, port, url, process: None };
+        if let Some(config) = sentinel {
+            std::fs::write(dir.path().join("sentinel.conf"), format!("port {port}\n{config}\n"))
+                .expect("failed to write the sentinel's configuration");
+        }
+        let mut server =
+            Self { dir, listen, persistent, port, url, extra, sentinel: sentinel.is_some(), process: None };
         server.spawn();
         server
     }
@@ -178,6 +215,9 @@ impl RedisServer {
     fn spawn(&mut self) {
         let dir = self.dir.path();
         let mut cmd = Command::new("redis-server");
+        if self.sentinel {
+            cmd.arg(dir.join("sentinel.conf")).arg("--sentinel");
+        }
         let appendonly = if self.persistent { "yes" } else { "no" };
         cmd.args(["--save", "", "--appendonly", appendonly, "--appendfsync", "always", "--daemonize", "no"])
             .args(["--enable-debug-command", "local"])
@@ -194,6 +234,7 @@ impl RedisServer {
                 cmd.args(["--bind", "127.0.0.1"]);
             }
         }
+        cmd.args(&self.extra);
         let redis = match cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn() {
             Ok(child) => child,
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => panic!(
