@@ -203,7 +203,7 @@ pub(crate) async fn settled(
 ) -> HashMap<String, String> {
     let deadline = Instant::now() + PATIENCE;
     // The journal may live on another server than the pool.
-    let mut pool_conn = client.redis_client().get_multiplexed_async_connection().await.unwrap();
+    let mut pool_conn = client.redis_client().shared().await.unwrap();
     loop {
         let workers = client.workers().await.unwrap();
         let slots = slot_table(&mut pool_conn, pool).await;
@@ -291,7 +291,7 @@ async fn kill_9_of_a_host_moves_exactly_its_jobs_once_and_no_job_of_the_survivor
     let pool = "failover";
     let mut a = WorkerProcess::spawn(server.url(), pool, 2, 2_000);
     let b = WorkerProcess::spawn(server.url(), pool, 2, 2_000);
-    let redis = redis::Client::open(server.url()).unwrap();
+    let redis = pulse_redis::Redis::open(server.url()).unwrap();
     let client = Arc::new(Node::client(&redis, pool, client_options()).await.unwrap());
     dispatch_all(&client, 1_000).await;
     let mut conn = server.connect().await;
@@ -343,7 +343,7 @@ async fn a_frozen_process_runs_nothing_of_the_jobs_it_lost_and_its_notifications
     let pool = "frozen";
     let a = WorkerProcess::spawn(server.url(), pool, 2, 1_000);
     let b = WorkerProcess::spawn(server.url(), pool, 2, 1_000);
-    let redis = redis::Client::open(server.url()).unwrap();
+    let redis = pulse_redis::Redis::open(server.url()).unwrap();
     let client = Arc::new(Node::client(&redis, pool, client_options()).await.unwrap());
     dispatch_all(&client, 200).await;
     let mut conn = server.connect().await;
@@ -418,7 +418,7 @@ async fn chaos_of_joins_leaves_kills_and_freezes_loses_doubles_and_reorders_noth
     let pool = "chaos";
     let spawn = || WorkerProcess::spawn(server.url(), pool, 2, 1_000);
     let mut live: Vec<WorkerProcess> = (0..3).map(|_| spawn()).collect();
-    let redis = redis::Client::open(server.url()).unwrap();
+    let redis = pulse_redis::Redis::open(server.url()).unwrap();
     let client = Arc::new(Node::client(&redis, pool, client_options()).await.unwrap());
     let mut conn = server.connect().await;
 

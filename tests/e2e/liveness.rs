@@ -66,7 +66,7 @@ async fn a_process_frozen_past_its_lease_settles_without_traffic_and_runs_nothin
         let server = RedisServer::start();
         let a = WorkerProcess::spawn_with(server.url(), pool, 2, 1_000, &[SAVE]);
         let b = WorkerProcess::spawn_with(server.url(), pool, 2, 1_000, &[SAVE]);
-        let redis = redis::Client::open(server.url()).unwrap();
+        let redis = pulse_redis::Redis::open(server.url()).unwrap();
         let client = Arc::new(Node::client(&redis, pool, client_options()).await.unwrap());
         dispatch_all(&client, 200).await;
         let mut conn = server.connect().await;
@@ -100,7 +100,7 @@ async fn redis_restarted_empty_under_dispatch_load_keeps_running_jobs_where_they
     let env = [SAVE, ("PULSE_TEST_JOURNAL", journal_server.url())];
     let a = WorkerProcess::spawn_with(server.url(), pool, 2, 2_000, &env);
     let b = WorkerProcess::spawn_with(server.url(), pool, 2, 2_000, &env);
-    let redis = redis::Client::open(server.url()).unwrap();
+    let redis = pulse_redis::Redis::open(server.url()).unwrap();
     let client = Arc::new(Node::client(&redis, pool, client_options()).await.unwrap());
     dispatch_all(&client, 100).await;
     let mut journal_conn = journal_server.connect().await;

@@ -31,7 +31,7 @@ use tokio::io::AsyncReadExt as _;
 
 #[derive(Clone)]
 struct Journal {
-    conn: redis::aio::MultiplexedConnection,
+    conn: pulse_redis::Shared,
     key: String,
     /// The token and worker of each job this process runs.
     runs: Arc<Mutex<HashMap<String, (String, String)>>>,
@@ -149,15 +149,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let [_, url, pool, workers, ttl_ms] = args.as_slice() else {
         return Err("usage: pool-worker <redis-url> <pool> <workers> <lease-ttl-ms>".into());
     };
-    let client = redis::Client::open(url.as_str())?;
+    let client = pulse_redis::Redis::open(url.as_str())?;
     let options = NodeOptions { lease_ttl: Duration::from_millis(ttl_ms.parse()?), ..NodeOptions::default() };
     let node = Node::join(&client, pool, options).await?;
     let journal_client = match std::env::var("PULSE_TEST_JOURNAL") {
-        Ok(url) => redis::Client::open(url.as_str())?,
+        Ok(url) => pulse_redis::Redis::open(url.as_str())?,
         Err(_) => client.clone(),
     };
     let journal = Journal {
-        conn: journal_client.get_multiplexed_async_connection().await?,
+        conn: journal_client.shared().await?,
         key: format!("pulse-test:{{{pool}}}:journal"),
         runs: Arc::default(),
         written: Arc::default(),

@@ -56,7 +56,7 @@ pub fn run(args: &Args) -> BenchResult {
     }
     let tokio = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let result = tokio.block_on(async {
-        let client = redis::Client::open(redis.url())?;
+        let client = pulse_redis::Redis::open(redis.url())?;
         let node = Arc::new(Node::client(&client, POOL, NodeOptions::default()).await?);
         wait_for_workers(&node, HOSTS * WORKERS_PER_HOST, &mut hosts).await?;
         let started = Instant::now();

@@ -40,7 +40,7 @@ pub fn run(args: &Args) -> BenchResult {
     }
     let tokio = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let result = tokio.block_on(async {
-        let client = redis::Client::open(url.as_str())?;
+        let client = pulse_redis::Redis::open(url.as_str())?;
         let node = Arc::new(Node::client(&client, pool, NodeOptions::default()).await?);
         wait_for_workers(&node, 2 * WORKERS, &mut hosts).await?;
         let by_node = Dispatcher::Node(node.clone());

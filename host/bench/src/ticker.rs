@@ -108,7 +108,7 @@ pub fn run(args: &Args) -> BenchResult {
     // Remove the ticker from the Redis used (the killed holder left it).
     let tokio = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     tokio.block_on(async {
-        let client = redis::Client::open(url.as_str())?;
+        let client = pulse_redis::Redis::open(url.as_str())?;
         let node = Node::client(&client, POOL, NodeOptions::default()).await?;
         node.ticker(TICKER, INTERVAL).await?.stop().await?;
         node.close().await;
@@ -138,7 +138,7 @@ pub fn serve_ticker(args: &Args) -> BenchResult {
     let url = args.redis.clone().ok_or("serve-ticker needs --redis")?;
     let tokio = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     tokio.block_on(async {
-        let client = redis::Client::open(url.as_str())?;
+        let client = pulse_redis::Redis::open(url.as_str())?;
         let node = Node::client(&client, POOL, NodeOptions::default()).await?;
         let mut ticker = node.ticker(TICKER, INTERVAL).await?;
         let mut stdin_closed = tokio::task::spawn_blocking(|| {

@@ -32,7 +32,7 @@ pub mod exit {
 /// # Cancel safety
 /// Cancel safe up to joining; a node joined and dropped leaves its reply
 /// stream to expire.
-pub async fn connect(client: &redis::Client, pool: &str, options: NodeOptions) -> anyhow::Result<Node> {
+pub async fn connect(client: &pulse_redis::Redis, pool: &str, options: NodeOptions) -> anyhow::Result<Node> {
     Node::client(client, pool, options).await.with_context(|| format!("failed to reach pool {pool:?}"))
 }
 
@@ -52,7 +52,7 @@ pub async fn close(node: &Node) {
 ///
 /// # Cancel safety
 /// Cancel safe: it only connects.
-pub async fn view(client: &redis::Client, pool: &str) -> anyhow::Result<PoolView> {
+pub async fn view(client: &pulse_redis::Redis, pool: &str) -> anyhow::Result<PoolView> {
     PoolView::open(client, pool).await.with_context(|| format!("failed to reach pool {pool:?}"))
 }
 
@@ -299,7 +299,7 @@ pub fn print_nodes(nodes: &[pulse_pool::NodeInfo], as_json: bool) {
 /// # Cancel safety
 /// Cancel safe: it reads and prints; dropping it stops following.
 pub async fn events(
-    client: &redis::Client,
+    client: &pulse_redis::Redis,
     pool: &str,
     follow: bool,
     as_json: bool,

@@ -218,7 +218,7 @@ async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
             None => Some(embedded::Embedded::start(&config.redis.data_dir).await?),
         };
         let url = url.or_else(|| embedded.as_ref().map(|e| Secret::new(e.url()))).context("no Redis")?;
-        let client = open_redis(&url, &config.redis)?;
+        let client = open_redis(&url, &config.redis).await?;
         let result = run::run(&config, &client).await;
         if let Some(embedded) = embedded {
             embedded.stop().await;
@@ -237,41 +237,51 @@ async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
             Secret::new(url)
         }
     };
-    let client = open_redis(&url, &config.redis)?;
+    let client = open_redis(&url, &config.redis).await?;
     client_command(cli.command, &client, run::node_options(&config)).await
 }
 
-/// The Redis client of `url` (TLS with the config's certificates for
-/// `rediss://`); an error names the URL without its password.
-fn open_redis(url: &Secret, config: &pulse_config::RedisConfig) -> anyhow::Result<redis::Client> {
+/// Where Redis is, from `url` (TLS with the config's certificates for the
+/// `rediss` forms), checked by connecting once: the server must answer and
+/// be of the form the URL names. An error names the URL without its
+/// password, and the forms allowed.
+async fn open_redis(url: &Secret, config: &pulse_config::RedisConfig) -> anyhow::Result<pulse_redis::Redis> {
     let shown = pulse_config::redact_url(url.expose());
-    let invalid = |error: redis::RedisError| {
-        anyhow::anyhow!(
-            "invalid Redis URL {shown:?}: {error} (allowed: redis://[user:password@]host[:port][/db], \
-             rediss://… for TLS, redis+unix:///path/to/socket)"
-        )
-    };
-    if !url.expose().starts_with("rediss://") || (config.tls_ca_file.is_none() && config.tls_client.is_none())
-    {
-        return redis::Client::open(url.expose()).map_err(invalid);
-    }
     let read = |path: &std::path::Path| {
         std::fs::read(path).with_context(|| format!("failed to read {} (redis TLS settings)", path.display()))
     };
-    let root_cert = config.tls_ca_file.as_deref().map(read).transpose()?;
-    let client_tls = match &config.tls_client {
-        Some((cert, key)) => {
-            Some(redis::ClientTlsConfig { client_cert: read(cert)?, client_key: read(key)? })
-        }
-        None => None,
+    let tls = if config.tls_ca_file.is_none() && config.tls_client.is_none() {
+        None
+    } else {
+        let root_cert = config.tls_ca_file.as_deref().map(read).transpose()?;
+        let client_tls = match &config.tls_client {
+            Some((cert, key)) => {
+                Some(redis::ClientTlsConfig { client_cert: read(cert)?, client_key: read(key)? })
+            }
+            None => None,
+        };
+        Some(redis::TlsCertificates { client_tls, root_cert })
     };
-    redis::Client::build_with_tls(url.expose(), redis::TlsCertificates { client_tls, root_cert })
-        .map_err(invalid)
+    let redis = pulse_redis::Redis::open_with_tls(url.expose(), tls)
+        .map_err(|error| anyhow::anyhow!("invalid Redis URL {shown:?}: {error}"))?;
+    let form = redis.form();
+    redis.verify().await.map_err(|error| match error {
+        pulse_redis::Error::Redis(error)
+            if url.expose().starts_with("rediss") && !error.is_connection_refusal() =>
+        {
+            anyhow::anyhow!(
+                "the TLS handshake with Redis at {shown:?} failed ({error}): does the server speak TLS? \
+                 (a plain server is named with redis://)"
+            )
+        }
+        error => anyhow::anyhow!("cannot use Redis at {shown:?} ({form}): {error}"),
+    })?;
+    Ok(redis)
 }
 
 async fn client_command(
     command: Command,
-    client: &redis::Client,
+    client: &pulse_redis::Redis,
     options: pulse_pool::NodeOptions,
 ) -> anyhow::Result<ExitCode> {
     let pool = match &command {

@@ -144,7 +144,7 @@ pub fn node_options(config: &Config) -> NodeOptions {
 /// # Cancel safety
 /// Not cancel safe: dropping it skips the leaving; the host's workers are
 /// then evicted when their leases end.
-pub async fn run(config: &Config, client: &redis::Client) -> anyhow::Result<()> {
+pub async fn run(config: &Config, client: &pulse_redis::Redis) -> anyhow::Result<()> {
     // The process's root token: the HTTP server and every node take a
     // child of it. Cancelled on the way out, it ends whatever did not end
     // in order (after a second signal, the nodes still leaving: their
@@ -234,7 +234,7 @@ impl Http {
 
 async fn serve(
     config: &Config,
-    client: &redis::Client,
+    client: &pulse_redis::Redis,
     options: &NodeOptions,
     api: Option<&pulse_http::Api>,
 ) -> anyhow::Result<()> {

@@ -48,7 +48,7 @@ pub(crate) struct Host<'a> {
     /// The configuration served: plugins and schedules as reloaded last;
     /// the other sections as the host started.
     pub(crate) config: Config,
-    pub(crate) client: &'a redis::Client,
+    pub(crate) client: &'a pulse_redis::Redis,
     pub(crate) options: NodeOptions,
     pub(crate) api: Option<&'a pulse_http::Api>,
     pub(crate) runtime: Runtime,
@@ -182,7 +182,7 @@ impl<'a> Host<'a> {
     /// what was joined is left again.
     pub(crate) async fn start(
         config: &Config,
-        client: &'a redis::Client,
+        client: &'a pulse_redis::Redis,
         options: &NodeOptions,
         api: Option<&'a pulse_http::Api>,
     ) -> anyhow::Result<Host<'a>> {

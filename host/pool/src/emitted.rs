@@ -51,7 +51,7 @@ impl EmittedEvents {
     ///
     /// # Cancel safety
     /// Cancel safe: it only connects.
-    pub async fn open(client: &redis::Client, pool: &str) -> Result<Self> {
+    pub async fn open(client: &pulse_redis::Redis, pool: &str) -> Result<Self> {
         validate_pool(pool)?;
         let stream = Stream::open(client, EVENTS_STREAM, StreamOptions::default().hash_tag(pool)).await?;
         Ok(Self { stream })

@@ -24,7 +24,7 @@
 //! # async fn example() -> pulse_rmap::Result<()> {
 //! use pulse_rmap::{Map, MapOptions};
 //!
-//! let client = redis::Client::open("redis://127.0.0.1/").expect("a valid URL");
+//! let client = pulse_redis::Redis::open("redis://127.0.0.1/").expect("a valid URL");
 //! let map = Map::join(&client, "workers", MapOptions::default().hash_tag("orders")).await?;
 //! let mut changes = map.subscribe();
 //! map.set("worker-1", "slot-0").await?;

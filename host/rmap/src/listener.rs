@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use redis::aio::PubSubStream;
+use pulse_redis::Subscription;
 use tokio_util::sync::CancellationToken;
 
 use crate::codec::Change;
@@ -23,7 +23,7 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
 /// Serves the replica until `token` is cancelled.
-pub(crate) async fn listen(shared: Arc<Shared>, mut stream: PubSubStream, token: CancellationToken) {
+pub(crate) async fn listen(shared: Arc<Shared>, mut stream: Subscription, token: CancellationToken) {
     // Set when a reload failed: the next message tries again.
     let mut stale = false;
     loop {
@@ -44,8 +44,8 @@ pub(crate) async fn listen(shared: Arc<Shared>, mut stream: PubSubStream, token:
                 None => return,
             }
         };
-        let Some(change) = Change::parse(message.get_payload_bytes()) else {
-            tracing::warn!(message = %String::from_utf8_lossy(message.get_payload_bytes()), "skipped a malformed change message");
+        let Some(change) = Change::parse(&message) else {
+            tracing::warn!(message = %String::from_utf8_lossy(&message), "skipped a malformed change message");
             continue;
         };
         let applied = if stale { Applied::Resync } else { shared.apply(change) };
@@ -66,7 +66,7 @@ pub(crate) async fn listen(shared: Arc<Shared>, mut stream: PubSubStream, token:
 
 /// Subscribes again and reloads the map, until it works or `token` is
 /// cancelled.
-async fn reconnect(shared: &Shared, token: &CancellationToken) -> Option<PubSubStream> {
+async fn reconnect(shared: &Shared, token: &CancellationToken) -> Option<Subscription> {
     let mut backoff = FIRST_BACKOFF;
     loop {
         let attempt = async {
@@ -98,12 +98,10 @@ async fn reconnect(shared: &Shared, token: &CancellationToken) -> Option<PubSubS
 }
 
 /// A new subscription to the map's change channel, confirmed by Redis.
-pub(crate) async fn subscribe(shared: &Shared) -> redis::RedisResult<PubSubStream> {
-    let mut pubsub = shared.client.get_async_pubsub().await?;
+pub(crate) async fn subscribe(shared: &Shared) -> redis::RedisResult<Subscription> {
     // Returns once Redis confirmed the subscription: changes from here on
     // are queued for us, so a snapshot taken now misses nothing.
-    pubsub.subscribe(&shared.keys.channel).await?;
-    Ok(pubsub.into_on_message())
+    shared.client.subscribe(&shared.keys.channel).await
 }
 
 /// The whole hash, for a replica to load.

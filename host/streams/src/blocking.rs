@@ -10,19 +10,13 @@
 
 use std::time::Duration;
 
-use redis::AsyncConnectionConfig;
-use redis::aio::MultiplexedConnection;
-
 /// How much longer than its BLOCK a read waits for the server's answer.
 pub(crate) const SLACK: Duration = Duration::from_secs(2);
 
 /// A new connection of its own for reads that block up to `block`.
 pub(crate) async fn connect(
-    client: &redis::Client,
+    redis: &pulse_redis::Redis,
     block: Duration,
-) -> redis::RedisResult<MultiplexedConnection> {
-    let config = AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(Duration::from_secs(1)))
-        .set_response_timeout(Some(block + SLACK));
-    client.get_multiplexed_async_connection_with_config(&config).await
+) -> redis::RedisResult<pulse_redis::Dedicated> {
+    redis.dedicated(block + SLACK).await
 }

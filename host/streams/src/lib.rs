@@ -20,7 +20,7 @@
 //! # async fn example() -> pulse_streams::Result<()> {
 //! use pulse_streams::{SinkOptions, Stream, StreamOptions};
 //!
-//! let client = redis::Client::open("redis://127.0.0.1/").expect("a valid URL");
+//! let client = pulse_redis::Redis::open("redis://127.0.0.1/").expect("a valid URL");
 //! let stream = Stream::open(&client, "inbox", StreamOptions::default().hash_tag("orders")).await?;
 //! let mut sink = stream.sink("workers", SinkOptions::default()).await?;
 //! stream.add("start", b"payload", None).await?;

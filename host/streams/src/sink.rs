@@ -15,7 +15,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamAutoClaimReply, StreamId, StreamReadReply};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -260,7 +259,7 @@ impl SinkShared {
 /// Reads new entries for this consumer.
 async fn read_loop(shared: Arc<SinkShared>, tx: mpsc::Sender<Event>, token: CancellationToken) {
     let mut backoff = Backoff::new();
-    let mut conn: Option<MultiplexedConnection> = None;
+    let mut conn: Option<pulse_redis::Dedicated> = None;
     loop {
         let read = async {
             // A connection of its own: a blocked XREADGROUP holds it, and
@@ -369,7 +368,7 @@ async fn claim(
     shared: &SinkShared,
     tx: &mpsc::Sender<Event>,
     token: &CancellationToken,
-    conn: &mut redis::aio::ConnectionManager,
+    conn: &mut pulse_redis::Shared,
 ) -> redis::RedisResult<()> {
     let grace = u64::try_from(shared.options.ack_grace.as_millis()).unwrap_or(u64::MAX);
     let mut cursor = "0-0".to_owned();

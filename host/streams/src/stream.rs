@@ -3,8 +3,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
-
 use crate::error::{Error, Result};
 use crate::keys::{StreamKeys, validate_name};
 use crate::reader::{Reader, ReaderOptions};
@@ -68,8 +66,8 @@ pub struct Stream {
 pub(crate) struct StreamInner {
     pub(crate) name: String,
     pub(crate) keys: StreamKeys,
-    pub(crate) client: redis::Client,
-    pub(crate) conn: ConnectionManager,
+    pub(crate) client: pulse_redis::Redis,
+    pub(crate) conn: pulse_redis::Shared,
     options: StreamOptions,
 }
 
@@ -83,11 +81,11 @@ impl Stream {
     ///
     /// # Cancel safety
     /// Cancel safe: it only connects.
-    pub async fn open(client: &redis::Client, name: &str, options: StreamOptions) -> Result<Self> {
+    pub async fn open(client: &pulse_redis::Redis, name: &str, options: StreamOptions) -> Result<Self> {
         validate_name("stream name", name)?;
         let tag = options.hash_tag.clone().unwrap_or_else(|| name.to_owned());
         validate_name("hash tag", &tag)?;
-        let conn = ConnectionManager::new(client.clone()).await.map_err(|source| Error::Redis {
+        let conn = client.shared().await.map_err(|source| Error::Redis {
             op: "connect",
             stream: name.to_owned(),
             source,

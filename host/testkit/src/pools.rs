@@ -3,13 +3,14 @@
 
 use std::collections::HashMap;
 
-use redis::aio::MultiplexedConnection;
-
 /// Pool `pool`'s slot table as Redis holds it: slot -> worker.
 ///
 /// # Panics
 /// When Redis does not answer.
-pub async fn slot_table(conn: &mut MultiplexedConnection, pool: &str) -> HashMap<u32, String> {
+pub async fn slot_table(
+    conn: &mut (impl redis::aio::ConnectionLike + Send),
+    pool: &str,
+) -> HashMap<u32, String> {
     let fields: HashMap<String, String> = redis::cmd("HGETALL")
         .arg(format!("pulse:{{{pool}}}:map:slots"))
         .query_async(conn)

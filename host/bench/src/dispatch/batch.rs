@@ -14,7 +14,7 @@ const BATCH: usize = 1000;
 /// figures; returns their keys.
 pub(super) async fn measure(
     dispatcher: &Dispatcher,
-    stats: &mut redis::aio::MultiplexedConnection,
+    stats: &mut pulse_redis::Shared,
     handler: Handler,
     lanes: usize,
     jobs: usize,

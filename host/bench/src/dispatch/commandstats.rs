@@ -20,7 +20,7 @@ pub(super) struct Commandstats(BTreeMap<String, (u64, u64)>, u64);
 const LEAST_US_PER_JOB: f64 = 0.05;
 
 impl Commandstats {
-    pub(super) async fn read(conn: &mut redis::aio::MultiplexedConnection) -> redis::RedisResult<Self> {
+    pub(super) async fn read(conn: &mut pulse_redis::Shared) -> redis::RedisResult<Self> {
         let info: String = redis::cmd("INFO").arg("commandstats").query_async(conn).await?;
         let field = |line: &str, name: &str| -> u64 {
             line.split(name).nth(1).and_then(|rest| rest.split(',').next()?.parse().ok()).unwrap_or(0)

@@ -175,14 +175,14 @@ pub fn run(args: &Args) -> BenchResult {
             _ => spawn_host(&url, &pool, handler, jobs, api, config_dir.path())?,
         };
         let result = tokio.block_on(async {
-            let client = redis::Client::open(url.as_str())?;
+            let client = pulse_redis::Redis::open(url.as_str())?;
             let node = Arc::new(Node::client(&client, &pool, NodeOptions::default()).await?);
             wait_for_workers(&node, WORKERS, std::slice::from_mut(&mut workers)).await?;
             let dispatcher = match api {
                 Some(address) => Dispatcher::http(address, &pool).await?,
                 None => Dispatcher::Node(node.clone()),
             };
-            let mut stats = client.get_multiplexed_async_connection().await?;
+            let mut stats = client.shared().await?;
             let mut running = 0;
             for &concurrency in handler.dispatchers() {
                 let keys = match handler {
@@ -243,7 +243,7 @@ async fn stop_all(node: &Arc<Node>, keys: Vec<String>) -> BenchResult {
 /// figures; returns their keys.
 async fn measure(
     dispatcher: &Dispatcher,
-    stats: &mut redis::aio::MultiplexedConnection,
+    stats: &mut pulse_redis::Shared,
     handler: Handler,
     concurrency: usize,
     jobs: usize,

@@ -206,7 +206,7 @@ pub fn serve_workers(args: &Args) -> BenchResult {
     let url = args.redis.clone().ok_or("serve-workers needs --redis")?;
     let tokio = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     tokio.block_on(async {
-        let client = redis::Client::open(url.as_str())?;
+        let client = pulse_redis::Redis::open(url.as_str())?;
         let pool = args.pool.as_deref().ok_or("serve-workers needs --pool")?;
         let node = Node::join(&client, pool, NodeOptions::default()).await?;
         for _ in 0..WORKERS {
@@ -231,7 +231,7 @@ pub fn serve_host(args: &Args) -> BenchResult {
     let config = pulse_host::defaults::load_config(Path::new(path))?;
     let tokio = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     tokio.block_on(async {
-        let client = redis::Client::open(url.as_str())?;
+        let client = pulse_redis::Redis::open(url.as_str())?;
         // `:#`: the reason with its causes (which setting, which limit).
         pulse_host::run::run(&config, &client).await.map_err(|error| format!("{error:#}"))?;
         Ok(())

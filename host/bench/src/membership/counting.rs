@@ -16,7 +16,7 @@ use crate::Args;
 /// ms) in `pulse-bench:{pool}:started:<pid>`.
 #[derive(Clone)]
 pub(super) struct Counting {
-    conn: redis::aio::MultiplexedConnection,
+    conn: pulse_redis::Shared,
     runs: String,
     starts: String,
     starts_per_key: String,
@@ -24,8 +24,8 @@ pub(super) struct Counting {
 }
 
 impl Counting {
-    pub(super) async fn new(client: &redis::Client, pool: &str) -> BenchResult<Self> {
-        let conn = client.get_multiplexed_async_connection().await?;
+    pub(super) async fn new(client: &pulse_redis::Redis, pool: &str) -> BenchResult<Self> {
+        let conn = client.shared().await?;
         let pid = std::process::id();
         Ok(Self {
             conn,
@@ -89,7 +89,7 @@ impl JobHandler for Counting {
 
 /// Live runs per key in process `pid`.
 pub(super) async fn runs(
-    conn: &mut redis::aio::MultiplexedConnection,
+    conn: &mut pulse_redis::Shared,
     pool: &str,
     pid: u32,
 ) -> BenchResult<HashMap<String, i64>> {
@@ -132,7 +132,7 @@ pub fn serve_counting(args: &Args) -> BenchResult {
     let workers = args.workers.ok_or("serve-counting needs --workers")?;
     let tokio = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     tokio.block_on(async {
-        let client = redis::Client::open(url.as_str())?;
+        let client = pulse_redis::Redis::open(url.as_str())?;
         let node = Node::join(&client, &pool, options()).await?;
         let handler = Counting::new(&client, &pool).await?;
         for _ in 0..workers {
@@ -151,7 +151,7 @@ pub fn serve_counting(args: &Args) -> BenchResult {
 
 /// Starts per key in process `pid`.
 pub(super) async fn starts_of(
-    conn: &mut redis::aio::MultiplexedConnection,
+    conn: &mut pulse_redis::Shared,
     pool: &str,
     pid: u32,
 ) -> BenchResult<HashMap<String, i64>> {
@@ -159,7 +159,7 @@ pub(super) async fn starts_of(
 }
 
 /// Starts so far, in every process of the pool.
-pub(super) async fn starts(conn: &mut redis::aio::MultiplexedConnection, pool: &str) -> BenchResult<usize> {
+pub(super) async fn starts(conn: &mut pulse_redis::Shared, pool: &str) -> BenchResult<usize> {
     let starts: Option<usize> = redis::cmd("GET").arg(starts_key(pool)).query_async(conn).await?;
     Ok(starts.unwrap_or(0))
 }

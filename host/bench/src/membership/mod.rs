@@ -105,14 +105,10 @@ impl TwoHosts {
     }
 
     /// A client-only node and a connection, once `jobs` jobs run.
-    async fn dispatch(
-        &self,
-        pool: &str,
-        jobs: usize,
-    ) -> BenchResult<(Arc<Node>, redis::aio::MultiplexedConnection)> {
-        let client = redis::Client::open(self.server.url())?;
+    async fn dispatch(&self, pool: &str, jobs: usize) -> BenchResult<(Arc<Node>, pulse_redis::Shared)> {
+        let client = pulse_redis::Redis::open(self.server.url())?;
         let node = Arc::new(Node::client(&client, pool, options()).await?);
-        let conn = client.get_multiplexed_async_connection().await?;
+        let conn = client.shared().await?;
         dispatch_all(&node, jobs).await?;
         Ok((node, conn))
     }
@@ -193,14 +189,14 @@ pub fn rebalance(args: &Args) -> BenchResult {
     let server = pulse_testkit::RedisServer::start();
     let tokio = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     tokio.block_on(async {
-        let client = redis::Client::open(server.url())?;
+        let client = pulse_redis::Redis::open(server.url())?;
         let pool = "rebalance";
         let node = Arc::new(Node::join(&client, pool, options()).await?);
         let handler = Counting::new(&client, pool).await?;
         for _ in 0..4 {
             node.add_worker(handler.clone()).await?;
         }
-        let mut conn = client.get_multiplexed_async_connection().await?;
+        let mut conn = client.shared().await?;
         dispatch_all(&node, jobs).await?;
         for change in ["join", "leave-first"] {
             let (_, before) = placement(&node).await?;

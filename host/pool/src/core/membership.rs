@@ -248,10 +248,7 @@ impl Core {
 /// # Errors
 /// [`Error::IncompatiblePool`] for an epoch without a slot count (a pool
 /// this version cannot route for); Redis failures.
-pub(crate) async fn pool_epoch(
-    conn: &redis::aio::ConnectionManager,
-    keys: &PoolKeys,
-) -> Result<(String, u32)> {
+pub(crate) async fn pool_epoch(conn: &pulse_redis::Shared, keys: &PoolKeys) -> Result<(String, u32)> {
     let mut conn = conn.clone();
     let candidate = format!("{:016x}:{VIRTUAL_SLOTS}", fastrand::u64(..));
     let (epoch,): (String,) = redis::pipe()

@@ -23,7 +23,7 @@ mod routing;
 use std::sync::atomic::AtomicU64;
 
 use pulse_rmap::Map;
-use redis::aio::ConnectionManager;
+
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -41,11 +41,11 @@ pub(crate) use replies::{Answer, Waiter, Waiters, start as start_replies};
 /// What a node's parts share.
 pub(crate) struct Core {
     pub(crate) id: String,
-    pub(crate) client: redis::Client,
+    pub(crate) client: pulse_redis::Redis,
     pub(crate) keys: PoolKeys,
     /// This node's reply stream key, where workers answer its requests.
     pub(crate) replies: String,
-    pub(crate) conn: ConnectionManager,
+    pub(crate) conn: pulse_redis::Shared,
     pub(crate) options: NodeOptions,
     pub(crate) slots: Map,
     pub(crate) workers: Map,
@@ -69,9 +69,9 @@ impl Core {
     /// and the workers map.
     pub(crate) fn new(
         id: String,
-        client: redis::Client,
+        client: pulse_redis::Redis,
         keys: PoolKeys,
-        conn: ConnectionManager,
+        conn: pulse_redis::Shared,
         options: NodeOptions,
         (slots, workers): (Map, Map),
         lease: Lease,

@@ -23,7 +23,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use pulse_rmap::{Map, MapOptions};
-use redis::aio::ConnectionManager;
+
 use tracing::Instrument;
 
 use crate::core::{self, Core};
@@ -41,7 +41,7 @@ pub(crate) type LocalWorkers = Arc<Mutex<HashMap<String, WorkerHandle>>>;
 /// Refuses a Redis that may evict keys under memory pressure: it would
 /// drop jobs silently. A Redis that does not let us read its configuration
 /// (some managed services) is accepted with a warning.
-async fn refuse_evicting_redis(conn: &ConnectionManager) -> Result<()> {
+async fn refuse_evicting_redis(conn: &pulse_redis::Shared) -> Result<()> {
     let mut conn = conn.clone();
     let answer: redis::RedisResult<Vec<String>> =
         redis::cmd("CONFIG").arg("GET").arg("maxmemory-policy").query_async(&mut conn).await;
@@ -77,7 +77,7 @@ impl Node {
     /// # Cancel safety
     /// Cancel safe: a node dropped before it returns has no workers; its
     /// tasks end with it.
-    pub async fn join(client: &redis::Client, pool: &str, options: NodeOptions) -> Result<Self> {
+    pub async fn join(client: &pulse_redis::Redis, pool: &str, options: NodeOptions) -> Result<Self> {
         Self::start(client, pool, options, false).await
     }
 
@@ -89,19 +89,19 @@ impl Node {
     ///
     /// # Cancel safety
     /// Cancel safe (see [`Node::join`]).
-    pub async fn client(client: &redis::Client, pool: &str, options: NodeOptions) -> Result<Self> {
+    pub async fn client(client: &pulse_redis::Redis, pool: &str, options: NodeOptions) -> Result<Self> {
         Self::start(client, pool, options, true).await
     }
 
     async fn start(
-        client: &redis::Client,
+        client: &pulse_redis::Redis,
         pool: &str,
         options: NodeOptions,
         client_only: bool,
     ) -> Result<Self> {
         validate_pool(pool)?;
         let keys = PoolKeys::new(pool);
-        let conn = ConnectionManager::new(client.clone()).await.map_err(keys.redis_error("connect"))?;
+        let conn = client.shared().await.map_err(keys.redis_error("connect"))?;
         if !client_only {
             refuse_evicting_redis(&conn).await?;
             let mut c = conn.clone();
@@ -179,7 +179,7 @@ impl Node {
     }
 
     /// The Redis client this node was made with.
-    pub fn redis_client(&self) -> redis::Client {
+    pub fn redis_client(&self) -> pulse_redis::Redis {
         self.core.client.clone()
     }
 

@@ -17,7 +17,7 @@ use crate::keys::{PoolKeys, SLOTS_MAP, WORKERS_MAP, validate_pool};
 /// from the command line) answers in a few round trips.
 #[derive(Clone)]
 pub struct PoolView {
-    conn: redis::aio::MultiplexedConnection,
+    conn: pulse_redis::Shared,
     keys: PoolKeys,
 }
 
@@ -35,10 +35,10 @@ impl PoolView {
     ///
     /// # Cancel safety
     /// Cancel safe: it only connects.
-    pub async fn open(client: &redis::Client, pool: &str) -> Result<Self> {
+    pub async fn open(client: &pulse_redis::Redis, pool: &str) -> Result<Self> {
         validate_pool(pool)?;
         let keys = PoolKeys::new(pool);
-        let conn = client.get_multiplexed_async_connection().await.map_err(keys.redis_error("connect"))?;
+        let conn = client.shared().await.map_err(keys.redis_error("connect"))?;
         Ok(Self { conn, keys })
     }
 

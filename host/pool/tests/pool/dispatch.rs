@@ -223,7 +223,7 @@ async fn a_batch_starts_each_valid_job_once_and_answers_each_job_in_its_place() 
     let node = node(&pool, 3, &calls).await;
     assert_eq!(node.dispatch("taken", b"0").await.unwrap(), DispatchOutcome::Started);
     // The server forgets its scripts: the batch loads the one it needs.
-    let mut conn = client().get_multiplexed_async_connection().await.unwrap();
+    let mut conn = client().shared().await.unwrap();
     let _: () = redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut conn).await.unwrap();
     let mut jobs: Vec<(String, Vec<u8>)> =
         (0..1500).map(|i| (format!("b-{i}"), format!("p{i}").into_bytes())).collect();

@@ -28,7 +28,7 @@ async fn connections_received(server: &RedisServer) -> u64 {
 async fn idle_readers_keep_their_connections_and_hear_at_once_after_they_are_killed() {
     // A private server: CLIENT KILL would cut other tests' connections.
     let server = RedisServer::start();
-    let client = redis::Client::open(server.url()).unwrap();
+    let client = pulse_redis::Redis::open(server.url()).unwrap();
     let calls = Calls::default();
     let host = Node::join(&client, "idle", options()).await.unwrap();
     for _ in 0..2 {
@@ -183,7 +183,7 @@ impl JobHandler for Keeping {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_redis_lost_its_data_a_running_job_s_requests_are_unavailable_never_not_owned() {
     let mut server = RedisServer::start();
-    let client = redis::Client::open(server.url()).unwrap();
+    let client = pulse_redis::Redis::open(server.url()).unwrap();
     let handler = Keeping::default();
     let node = Node::join(&client, "lost", options()).await.unwrap();
     node.add_worker(handler.clone()).await.unwrap();
@@ -310,7 +310,7 @@ async fn a_worker_whose_handler_panics_stops_holding_its_jobs_and_they_run_elsew
 async fn cancelling_the_token_a_node_was_given_fences_its_workers_at_once() {
     // A private server: the node ends abruptly and leaves its state.
     let server = RedisServer::start();
-    let client = redis::Client::open(server.url()).unwrap();
+    let client = pulse_redis::Redis::open(server.url()).unwrap();
     let root = tokio_util::sync::CancellationToken::new();
     // Its lease would keep the worker's fence up for 108 s: only the
     // cancellation can bring it down within the wait below.

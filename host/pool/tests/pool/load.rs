@@ -52,7 +52,7 @@ async fn commands(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
 async fn a_dispatch_costs_the_same_few_commands_at_1000_and_50000_jobs() {
     // A server of its own: no other test's commands in the counts.
     let server = pulse_testkit::RedisServer::start();
-    let client = redis::Client::open(server.url()).unwrap();
+    let client = pulse_redis::Redis::open(server.url()).unwrap();
     let calls = Calls::default();
     let node = Arc::new(pulse_pool::Node::join(&client, "cost", crate::options()).await.unwrap());
     for _ in 0..4 {
@@ -107,7 +107,7 @@ async fn a_dispatch_costs_the_same_few_commands_at_1000_and_50000_jobs() {
     // scripts as coming from `lua`) for the dispatcher, the worker and the
     // reply, between markers; minus the same time idle (blocking reads
     // that time out, timers).
-    let monitor = client.get_async_monitor().await.unwrap();
+    let monitor = redis::Client::open(server.url()).unwrap().get_async_monitor().await.unwrap();
     let mut lines = monitor.into_on_message::<String>();
     let counter = tokio::spawn(async move {
         use futures_util::StreamExt as _;

@@ -165,8 +165,8 @@ pub async fn wait_for_state(node: &Node, key: &str, state: pulse_pool::JobState)
 }
 
 /// A client of the binary's shared private Redis.
-pub fn client() -> redis::Client {
-    redis::Client::open(pulse_testkit::shared_redis_url()).unwrap()
+pub fn client() -> pulse_redis::Redis {
+    pulse_redis::Redis::open(pulse_testkit::shared_redis_url()).unwrap()
 }
 
 /// Options with a short reply timeout and backoff, for tests.

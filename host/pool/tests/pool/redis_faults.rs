@@ -65,7 +65,7 @@ async fn all_running(node: &Node, calls: &Calls, count: usize, workers: usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_restart_with_its_data_under_load_loses_and_doubles_nothing() {
     let mut server = RedisServer::start_persistent();
-    let client = redis::Client::open(server.url()).unwrap();
+    let client = pulse_redis::Redis::open(server.url()).unwrap();
     let calls = Calls::default();
     let node = Arc::new(Node::join(&client, "aof", options()).await.unwrap());
     for _ in 0..3 {
@@ -99,7 +99,7 @@ async fn a_redis_restart_with_its_data_under_load_loses_and_doubles_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_restarted_empty_is_detected_and_the_running_jobs_are_written_back() {
     let mut server = RedisServer::start();
-    let client = redis::Client::open(server.url()).unwrap();
+    let client = pulse_redis::Redis::open(server.url()).unwrap();
     let calls = Calls::default();
     let node = Node::join(&client, "empty", options()).await.unwrap();
     for _ in 0..2 {
@@ -156,7 +156,7 @@ impl pulse_pool::JobHandler for Keeper {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_emitted_across_a_redis_restart_with_its_data_are_all_written_in_order() {
     let mut server = RedisServer::start_persistent();
-    let client = redis::Client::open(server.url()).unwrap();
+    let client = pulse_redis::Redis::open(server.url()).unwrap();
     let node = Node::join(&client, "emits", options()).await.unwrap();
     let keeper = Keeper::default();
     node.add_worker(keeper.clone()).await.unwrap();

@@ -6,7 +6,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
 use tokio::sync::watch;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tokio_util::task::TaskTracker;
@@ -94,8 +93,8 @@ pub struct Map {
 pub(crate) struct Shared {
     pub(crate) name: String,
     pub(crate) keys: MapKeys,
-    pub(crate) client: redis::Client,
-    pub(crate) conn: ConnectionManager,
+    pub(crate) client: pulse_redis::Redis,
+    pub(crate) conn: pulse_redis::Shared,
     ttl: Option<Ttl>,
     replica: RwLock<Replica>,
     pub(crate) position: watch::Sender<Position>,
@@ -148,12 +147,12 @@ impl Map {
     ///
     /// # Cancel safety
     /// Cancel safe: dropping the future leaves nothing behind.
-    pub async fn join(client: &redis::Client, name: &str, options: MapOptions) -> Result<Self> {
+    pub async fn join(client: &pulse_redis::Redis, name: &str, options: MapOptions) -> Result<Self> {
         validate_name("map name", name)?;
         let tag = options.hash_tag.clone().unwrap_or_else(|| name.to_owned());
         validate_name("hash tag", &tag)?;
         let redis_error = |source| Error::Redis { op: "join", map: name.to_owned(), source };
-        let conn = ConnectionManager::new(client.clone()).await.map_err(redis_error)?;
+        let conn = client.shared().await.map_err(redis_error)?;
         let shared = Arc::new(Shared {
             name: name.to_owned(),
             keys: MapKeys::new(&tag, name),

@@ -46,7 +46,7 @@ async fn numsub(conn: &mut redis::aio::MultiplexedConnection, channel: &str) -> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_recover_from_a_redis_restart_with_a_writer_active() {
     let mut server = RedisServer::start();
-    let client = redis::Client::open(server.url()).unwrap();
+    let client = pulse_redis::Redis::open(server.url()).unwrap();
     let name = "restarted";
     let hash = format!("pulse:{{{name}}}:map:{name}");
     let channel = format!("{hash}:changes");

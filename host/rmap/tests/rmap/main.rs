@@ -17,8 +17,8 @@ use pulse_rmap::{Map, MapOptions};
 pub const PATIENCE: Duration = Duration::from_secs(20);
 
 /// A client of the binary's shared private Redis.
-pub fn client() -> redis::Client {
-    redis::Client::open(pulse_testkit::shared_redis_url()).unwrap()
+pub fn client() -> pulse_redis::Redis {
+    pulse_redis::Redis::open(pulse_testkit::shared_redis_url()).unwrap()
 }
 
 /// Joins map `name` of the shared Redis.

@@ -18,7 +18,7 @@ fn options() -> SinkOptions {
 #[tokio::test]
 async fn a_sink_recreates_its_group_after_redis_restarts_empty() {
     let mut server = RedisServer::start();
-    let client = redis::Client::open(server.url()).unwrap();
+    let client = pulse_redis::Redis::open(server.url()).unwrap();
     let stream = Stream::open(&client, "inbox", StreamOptions::default()).await.unwrap();
     let mut sink = stream.sink("workers", options()).await.unwrap();
     stream.add("e", b"before", None).await.unwrap();
@@ -41,7 +41,7 @@ async fn a_sink_recreates_its_group_after_redis_restarts_empty() {
 #[tokio::test]
 async fn with_an_append_only_file_a_restart_loses_nothing_and_repeats_nothing_acknowledged() {
     let mut server = RedisServer::start_persistent();
-    let client = redis::Client::open(server.url()).unwrap();
+    let client = pulse_redis::Redis::open(server.url()).unwrap();
     let stream = Stream::open(&client, "inbox", StreamOptions::default()).await.unwrap();
     let mut sink = stream.sink("workers", options()).await.unwrap();
     for payload in ["acked-1", "acked-2", "held"] {
@@ -81,7 +81,7 @@ async fn with_an_append_only_file_a_restart_loses_nothing_and_repeats_nothing_ac
 #[tokio::test]
 async fn a_group_destroyed_from_outside_is_recreated_from_the_oldest_entry() {
     let server = RedisServer::start();
-    let client = redis::Client::open(server.url()).unwrap();
+    let client = pulse_redis::Redis::open(server.url()).unwrap();
     let stream = Stream::open(&client, "inbox", StreamOptions::default()).await.unwrap();
     let mut sink = stream.sink("workers", options()).await.unwrap();
     stream.add("e", b"first", None).await.unwrap();

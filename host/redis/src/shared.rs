@@ -1,0 +1,180 @@
+//! The connection every command shares, and how it follows a Sentinel
+//! failover.
+
+use std::sync::{Arc, RwLock};
+
+use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisFuture, Value};
+
+use crate::target::{Error, Redis, Sentinel, Target};
+
+/// The multiplexed connection commands and scripts share: clone it
+/// freely. It reconnects by itself after a drop. On a cluster it routes
+/// each command by its key's slot and follows `MOVED`; behind Sentinel it
+/// asks the sentinels for the primary again when the one it knows stops
+/// answering or turned replica (`READONLY`), and moves to the new one.
+#[derive(Clone)]
+pub struct Shared(Kind);
+
+#[derive(Clone)]
+enum Kind {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+    Following(Arc<Following>),
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self.0 {
+            Kind::Single(_) => "Shared(single)",
+            Kind::Cluster(_) => "Shared(cluster)",
+            Kind::Following(_) => "Shared(sentinel)",
+        })
+    }
+}
+
+impl Redis {
+    /// A new shared connection.
+    ///
+    /// # Errors
+    /// When Redis cannot be reached (behind Sentinel: when no sentinel
+    /// names a primary that answers).
+    pub async fn shared(&self) -> redis::RedisResult<Shared> {
+        let kind = match &*self.0 {
+            Target::Single(client) => Kind::Single(ConnectionManager::new(client.clone()).await?),
+            Target::Cluster { data: client, .. } => Kind::Cluster(client.get_async_connection().await?),
+            Target::Sentinel(sentinel) => {
+                let client = sentinel.primary().await?;
+                let address = client.get_connection_info().addr().to_string();
+                let conn = ConnectionManager::new(client).await?;
+                Kind::Following(Arc::new(Following {
+                    redis: self.clone(),
+                    current: RwLock::new(Current { generation: 0, address, conn }),
+                    follow: tokio::sync::Mutex::new(()),
+                }))
+            }
+        };
+        Ok(Shared(kind))
+    }
+}
+
+/// A connection to the primary the sentinels named last.
+struct Following {
+    redis: Redis,
+    current: RwLock<Current>,
+    /// Held while the sentinels are asked, so one failure asks once.
+    follow: tokio::sync::Mutex<()>,
+}
+
+struct Current {
+    /// Counts the moves, so a caller whose command failed on a primary
+    /// already left does not ask again.
+    generation: u64,
+    address: String,
+    conn: ConnectionManager,
+}
+
+/// Whether a failure may mean the primary changed: it stopped answering,
+/// or it answers as a replica now.
+fn may_have_moved(error: &redis::RedisError) -> bool {
+    error.is_io_error()
+        || error.is_connection_dropped()
+        || error.is_connection_refusal()
+        || error.is_timeout()
+        || matches!(error.code(), Some("READONLY" | "MASTERDOWN" | "UNBLOCKED"))
+}
+
+impl Following {
+    fn current(&self) -> (u64, ConnectionManager) {
+        // A poisoned lock only means a panic elsewhere while cloning; the
+        // value inside is whole.
+        let current = self.current.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        (current.generation, current.conn.clone())
+    }
+
+    /// Asks the sentinels for the primary and moves there if it is another
+    /// server than the one that failed (`generation`). Failures are logged
+    /// and left: the command that failed reports its own error, and the
+    /// next failure asks again.
+    async fn follow(&self, generation: u64) {
+        let _asking = self.follow.lock().await;
+        if self.current().0 != generation {
+            return;
+        }
+        let Target::Sentinel(sentinel) = &*self.redis.0 else { return };
+        match Self::primary(sentinel).await {
+            Ok((address, conn)) => {
+                let mut current = self.current.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+                if current.address != address {
+                    tracing::info!(from = %current.address, to = %address, "following the primary the sentinels name");
+                    *current = Current { generation: generation + 1, address, conn };
+                }
+            }
+            Err(error) => {
+                tracing::debug!(%error, "no sentinel named a primary that answers; asking again on the next failure")
+            }
+        }
+    }
+
+    async fn primary(sentinel: &Sentinel) -> Result<(String, ConnectionManager), Error> {
+        let client = sentinel.primary().await?;
+        let address = client.get_connection_info().addr().to_string();
+        Ok((address, ConnectionManager::new(client).await?))
+    }
+}
+
+impl ConnectionLike for Shared {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match &mut self.0 {
+            Kind::Single(conn) => conn.req_packed_command(cmd),
+            Kind::Cluster(conn) => conn.req_packed_command(cmd),
+            Kind::Following(following) => {
+                let following = following.clone();
+                Box::pin(async move {
+                    let (generation, mut conn) = following.current();
+                    let result = conn.req_packed_command(cmd).await;
+                    if let Err(error) = &result
+                        && may_have_moved(error)
+                    {
+                        following.follow(generation).await;
+                    }
+                    result
+                })
+            }
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match &mut self.0 {
+            Kind::Single(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Kind::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Kind::Following(following) => {
+                let following = following.clone();
+                Box::pin(async move {
+                    let (generation, mut conn) = following.current();
+                    let result = conn.req_packed_commands(pipeline, offset, count).await;
+                    if let Err(error) = &result
+                        && may_have_moved(error)
+                    {
+                        following.follow(generation).await;
+                    }
+                    result
+                })
+            }
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match &self.0 {
+            Kind::Single(conn) => conn.get_db(),
+            Kind::Cluster(conn) => conn.get_db(),
+            Kind::Following(following) => following.current().1.get_db(),
+        }
+    }
+}
