@@ -178,3 +178,63 @@ impl ConnectionLike for Shared {
         }
     }
 }
+
+impl Shared {
+    /// Every key matching `pattern` on the server that holds `beside`'s
+    /// slot. The keys of one hash tag share a slot, so with `beside` of
+    /// that tag this finds all of them; an unrouted `SCAN` on a cluster
+    /// would read one node picked at random.
+    ///
+    /// # Errors
+    /// When Redis fails.
+    pub async fn scan_beside(&mut self, beside: &str, pattern: &str) -> redis::RedisResult<Vec<String>> {
+        use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+        let route = Route::new(key_slot(beside.as_bytes()), SlotAddr::Master);
+        let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+        let (mut keys, mut cursor) = (Vec::new(), 0u64);
+        loop {
+            let mut scan = redis::cmd("SCAN");
+            scan.arg(cursor).arg("MATCH").arg(pattern).arg("COUNT").arg(1000);
+            let answer = match &mut self.0 {
+                Kind::Cluster(conn) => conn.route_command(scan, routing.clone()).await?,
+                _ => scan.query_async::<Value>(self).await?,
+            };
+            let (next, batch): (u64, Vec<String>) = redis::from_redis_value(answer)?;
+            keys.extend(batch);
+            if next == 0 {
+                return Ok(keys);
+            }
+            cursor = next;
+        }
+    }
+}
+
+/// The cluster hash slot of `key`: CRC16 (XModem) of its hash tag (the
+/// text between the first `{` and the next `}`, when not empty) or of the
+/// whole key, modulo 16,384.
+fn key_slot(key: &[u8]) -> u16 {
+    let tagged = key.iter().position(|&b| b == b'{').and_then(|open| {
+        let rest = &key[open + 1..];
+        rest.iter().position(|&b| b == b'}').filter(|&close| close > 0).map(|close| &rest[..close])
+    });
+    let mut crc: u16 = 0;
+    for &byte in tagged.unwrap_or(key) {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 { (crc << 1) ^ 0x1021 } else { crc << 1 };
+        }
+    }
+    crc % 16_384
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn key_slots_are_those_of_redis() {
+        // From the cluster specification and `CLUSTER KEYSLOT`.
+        assert_eq!(super::key_slot(b"123456789"), 0x31C3);
+        assert_eq!(super::key_slot(b"foo"), 12182);
+        assert_eq!(super::key_slot(b"pulse:{p}:jobs"), super::key_slot(b"p"));
+        assert_eq!(super::key_slot(b"a{}b"), super::key_slot(b"a{}b"));
+    }
+}

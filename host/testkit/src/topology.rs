@@ -73,39 +73,6 @@ impl RedisCluster {
     pub fn nodes(&mut self) -> &mut [RedisServer] {
         &mut self.nodes
     }
-
-    /// The node that serves hash slot `slot` now (as the first live node
-    /// says), as an index into [`RedisCluster::nodes`].
-    ///
-    /// # Panics
-    /// When no node answers.
-    pub fn owner_of_slot(&self, slot: u16) -> usize {
-        for node in self.nodes.iter().filter(|node| node.pid().is_some()) {
-            let Some(nodes) = cli(node.port(), &["CLUSTER", "NODES"]) else { continue };
-            for line in nodes.lines() {
-                let fields: Vec<&str> = line.split(' ').collect();
-                if fields.len() < 9 || !fields[2].contains("master") || fields[2].contains("fail") {
-                    continue;
-                }
-                let serves = fields[8..].iter().any(|range| match range.split_once('-') {
-                    Some((from, to)) => {
-                        from.parse::<u16>().is_ok_and(|f| f <= slot)
-                            && to.parse::<u16>().is_ok_and(|t| slot <= t)
-                    }
-                    None => range.parse::<u16>().is_ok_and(|s| s == slot),
-                });
-                if serves {
-                    let port: u16 = fields[1]
-                        .split(['@', ':'])
-                        .nth(1)
-                        .and_then(|p| p.parse().ok())
-                        .expect("a node's port");
-                    return self.nodes.iter().position(|n| n.port() == port).expect("a node of this cluster");
-                }
-            }
-        }
-        panic!("no live node of the cluster answered CLUSTER NODES")
-    }
 }
 
 /// A primary and its replica behind three sentinels (quorum two) that

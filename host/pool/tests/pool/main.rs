@@ -2,6 +2,7 @@
 //! that record every call.
 //!
 //! - `concurrency`: calls of different keys at once, of one key in order.
+//! - `deployments`: a Redis Cluster and Sentinel, a primary killed.
 //! - `dispatch`: routing, outcomes, unique keys, queued jobs, failures.
 //! - `events`: stop and notify, order, sequence numbers, duplicates.
 //! - `membership`: workers joining and leaving while jobs run.
@@ -12,6 +13,7 @@
 #![allow(clippy::unwrap_used, reason = "tests and their helpers: a panic is the failure report")]
 
 mod concurrency;
+mod deployments;
 mod dispatch;
 mod events;
 mod liveness;
