@@ -76,6 +76,8 @@ mod tests {
         assert_eq!(redact_url("redis://token@h"), "redis://***@h");
         assert_eq!(redact_url("redis://h:6379/"), "redis://h:6379/");
         assert_eq!(redact_url("redis+unix:///tmp/r.sock"), "redis+unix:///tmp/r.sock");
+        assert_eq!(redact_url("redis+sentinel://u:pw@h1:1,h2:2/m"), "redis+sentinel://u:***@h1:1,h2:2/m");
+        assert_eq!(redact_url("rediss+cluster://:pw@h1:1,h2:2/"), "rediss+cluster://:***@h1:1,h2:2/");
         assert_eq!(redact_url("not a url"), "not a url");
         assert_eq!(redact_url("redis+unix:///r.sock?db=1&pass=pw"), "redis+unix:///r.sock?db=1&pass=***");
         let secret = Secret::new("hunter2");

@@ -1,6 +1,7 @@
 //! Client commands against a pool's Redis: `events` reads every entry up
 //! to the newest at the call, `dispatch --from-file` reports what it knows
-//! when Redis fails mid-batch, read-only commands leave no trace.
+//! when Redis fails mid-batch, read-only commands leave no trace, a URL of
+//! the wrong form is refused before anything is written.
 
 use pulse_testkit::RedisServer;
 
@@ -106,4 +107,23 @@ fn dispatch_from_file_prints_outcomes_as_they_come_and_names_the_unknown_ones_wh
     all.sort_unstable();
     all.dedup();
     assert_eq!(all.len(), JOBS, "every job is answered, named unknown or named not sent, once");
+}
+
+#[test]
+fn a_url_of_another_form_than_the_server_is_refused_before_anything_is_written() {
+    let server = RedisServer::start_tcp_with(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &[], "");
+    let cluster_url = format!("redis+cluster://127.0.0.1:{}/", server.port());
+    let (code, _, stderr) =
+        crate::cli_all(&config, &cluster_url, &["dispatch", "--pool", "p", "job-1", "--payload", "x"]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("not a Redis Cluster") && stderr.contains("redis://host:port"), "{stderr}");
+    let (code, _, stderr) =
+        crate::cli_all(&config, "redis+sentinel://127.0.0.1:1/", &["jobs", "--pool", "p"]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("names its master") && stderr.contains("redis+cluster://"), "{stderr}");
+    let mut conn = redis::Client::open(server.url()).unwrap().get_connection().unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
+    assert!(keys.is_empty(), "{keys:?}");
 }
