@@ -196,6 +196,17 @@ impl Check<'_> {
         for (name, value) in raw {
             let setting = match value.get_ref() {
                 RawSetting::Text(text) => crate::Setting::Plain(text.clone()),
+                RawSetting::Other(other) => {
+                    self.problem(
+                        &value,
+                        format!(
+                            "setting `{name}` is {} {other}; a setting is a string (\"text\"), \
+                             {{ env = \"VARIABLE\" }} or {{ file = \"path\" }} (write a number as \"{other}\")",
+                            other.type_str()
+                        ),
+                    );
+                    continue;
+                }
                 RawSetting::Env { env } => match std::env::var(env) {
                     Ok(text) => crate::Setting::Secret(crate::Secret::new(text)),
                     Err(_) => {

@@ -155,8 +155,16 @@ struct Schedule {
 #[serde(untagged)]
 enum RawSetting {
     Text(String),
-    Env { env: String },
-    File { file: String },
+    Env {
+        env: String,
+    },
+    File {
+        file: String,
+    },
+    /// Anything else (a number, a list, another table): kept, so the
+    /// check can name the setting and its line instead of serde's "did
+    /// not match any variant".
+    Other(toml::Value),
 }
 
 #[derive(Debug, Deserialize, Default)]

@@ -273,6 +273,14 @@ fn settings_come_from_the_file_the_environment_or_a_file_and_those_read_are_neve
     let error = parse(&dir.path().join("config.toml"), missing).unwrap_err();
     let message = error.to_string();
     assert!(message.contains("config.toml:8"), "the unknown form is refused with its line: {message}");
+    assert!(message.contains("a setting is a string"), "it says what is allowed: {message}");
+    let number = "[[plugin]]\nname = \"p\"\npath = \"p.wasm\"\n\n[plugin.settings]\nport = 8080\n";
+    let message = parse(&dir.path().join("config.toml"), number).unwrap_err().to_string();
+    assert!(
+        message.contains("config.toml:6: setting `port` is integer 8080; a setting is a string")
+            && message.contains("write a number as \"8080\""),
+        "{message}"
+    );
     let without_unknown = missing.replace("c = { vault = \"x\" }\n", "");
     let error = parse(&dir.path().join("config.toml"), &without_unknown).unwrap_err();
     let message = error.to_string();
