@@ -45,9 +45,7 @@ impl Redis {
             Target::Single(client) => Kind::Single(ConnectionManager::new(client.clone()).await?),
             Target::Cluster { data: client, .. } => Kind::Cluster(client.get_async_connection().await?),
             Target::Sentinel(sentinel) => {
-                let client = sentinel.primary().await?;
-                let address = client.get_connection_info().addr().to_string();
-                let conn = ConnectionManager::new(client).await?;
+                let (address, conn) = Following::primary(sentinel).await?;
                 Kind::Following(Arc::new(Following {
                     redis: self.clone(),
                     current: RwLock::new(Current { generation: 0, address, conn }),
@@ -117,6 +115,22 @@ impl Following {
         }
     }
 
+    /// Runs `request` on the current primary's connection; a failure that
+    /// may mean the primary moved makes it ask the sentinels first.
+    async fn run<T>(
+        &self,
+        request: impl AsyncFnOnce(&mut ConnectionManager) -> redis::RedisResult<T>,
+    ) -> redis::RedisResult<T> {
+        let (generation, mut conn) = self.current();
+        let result = request(&mut conn).await;
+        if let Err(error) = &result
+            && may_have_moved(error)
+        {
+            self.follow(generation).await;
+        }
+        result
+    }
+
     async fn primary(sentinel: &Sentinel) -> Result<(String, ConnectionManager), Error> {
         let client = sentinel.primary().await?;
         let address = client.get_connection_info().addr().to_string();
@@ -131,16 +145,7 @@ impl ConnectionLike for Shared {
             Kind::Cluster(conn) => conn.req_packed_command(cmd),
             Kind::Following(following) => {
                 let following = following.clone();
-                Box::pin(async move {
-                    let (generation, mut conn) = following.current();
-                    let result = conn.req_packed_command(cmd).await;
-                    if let Err(error) = &result
-                        && may_have_moved(error)
-                    {
-                        following.follow(generation).await;
-                    }
-                    result
-                })
+                Box::pin(async move { following.run(async |conn| conn.req_packed_command(cmd).await).await })
             }
         }
     }
@@ -157,14 +162,7 @@ impl ConnectionLike for Shared {
             Kind::Following(following) => {
                 let following = following.clone();
                 Box::pin(async move {
-                    let (generation, mut conn) = following.current();
-                    let result = conn.req_packed_commands(pipeline, offset, count).await;
-                    if let Err(error) = &result
-                        && may_have_moved(error)
-                    {
-                        following.follow(generation).await;
-                    }
-                    result
+                    following.run(async |conn| conn.req_packed_commands(pipeline, offset, count).await).await
                 })
             }
         }
@@ -180,32 +178,32 @@ impl ConnectionLike for Shared {
 }
 
 impl Shared {
-    /// Every key matching `pattern` on the server that holds `beside`'s
-    /// slot. The keys of one hash tag share a slot, so with `beside` of
-    /// that tag this finds all of them; an unrouted `SCAN` on a cluster
-    /// would read one node picked at random.
+    /// One `SCAN` step (from `cursor`; `0` starts) over the keys matching
+    /// `pattern` on the server that holds `beside`'s slot: the next cursor
+    /// (`0` when done) and a batch of keys. The keys of one hash tag share
+    /// a slot, so with `beside` of that tag this finds all of them; an
+    /// unrouted `SCAN` on a cluster would read one node picked at random.
     ///
     /// # Errors
     /// When Redis fails.
-    pub async fn scan_beside(&mut self, beside: &str, pattern: &str) -> redis::RedisResult<Vec<String>> {
+    pub async fn scan_beside(
+        &mut self,
+        beside: &str,
+        pattern: &str,
+        cursor: u64,
+    ) -> redis::RedisResult<(u64, Vec<String>)> {
         use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-        let route = Route::new(key_slot(beside.as_bytes()), SlotAddr::Master);
-        let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
-        let (mut keys, mut cursor) = (Vec::new(), 0u64);
-        loop {
-            let mut scan = redis::cmd("SCAN");
-            scan.arg(cursor).arg("MATCH").arg(pattern).arg("COUNT").arg(1000);
-            let answer = match &mut self.0 {
-                Kind::Cluster(conn) => conn.route_command(scan, routing.clone()).await?,
-                _ => scan.query_async::<Value>(self).await?,
-            };
-            let (next, batch): (u64, Vec<String>) = redis::from_redis_value(answer)?;
-            keys.extend(batch);
-            if next == 0 {
-                return Ok(keys);
+        let mut scan = redis::cmd("SCAN");
+        scan.arg(cursor).arg("MATCH").arg(pattern).arg("COUNT").arg(1000);
+        let answer = match &mut self.0 {
+            Kind::Cluster(conn) => {
+                let route = Route::new(key_slot(beside.as_bytes()), SlotAddr::Master);
+                conn.route_command(scan, RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)))
+                    .await?
             }
-            cursor = next;
-        }
+            _ => scan.query_async::<Value>(self).await?,
+        };
+        Ok(redis::from_redis_value(answer)?)
     }
 }
 

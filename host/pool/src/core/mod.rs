@@ -23,7 +23,6 @@ mod routing;
 use std::sync::atomic::AtomicU64;
 
 use pulse_rmap::Map;
-
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 

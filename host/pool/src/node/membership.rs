@@ -245,19 +245,26 @@ impl Node {
         core.slots.destroy().await?;
         core.workers.destroy().await?;
         // Every key of the pool shares its hash tag, so one server holds
-        // them all: the scan is routed there.
+        // them all: the scan is routed there, a batch at a time.
         let pattern = format!("{}*", core.keys.prefix);
-        let keys = conn
-            .scan_beside(&core.keys.shutdown, &pattern)
-            .await
-            .map_err(core.redis_error("remove the pool's keys"))?;
-        let keys: Vec<String> = keys.into_iter().filter(|key| *key != core.keys.shutdown).collect();
-        for batch in keys.chunks(1000) {
-            let _: () = redis::cmd("UNLINK")
-                .arg(batch)
-                .query_async(&mut conn)
+        let mut cursor = 0;
+        loop {
+            let (next, batch) = conn
+                .scan_beside(&core.keys.shutdown, &pattern, cursor)
                 .await
                 .map_err(core.redis_error("remove the pool's keys"))?;
+            let batch: Vec<String> = batch.into_iter().filter(|key| *key != core.keys.shutdown).collect();
+            if !batch.is_empty() {
+                let _: () = redis::cmd("UNLINK")
+                    .arg(&batch)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(core.redis_error("remove the pool's keys"))?;
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
         }
         // Last: from now on the pool may be created anew.
         let _: () = redis::cmd("DEL")

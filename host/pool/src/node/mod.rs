@@ -23,7 +23,6 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use pulse_rmap::{Map, MapOptions};
-
 use tracing::Instrument;
 
 use crate::core::{self, Core};

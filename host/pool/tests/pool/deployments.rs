@@ -103,7 +103,16 @@ async fn run_through_a_failover(redis: &pulse_redis::Redis, pool: &str, kill: im
     second.close().await;
     first.close().await;
     let mut conn = redis.shared().await.unwrap();
-    let left = conn.scan_beside(&format!("{{{pool}}}"), &format!("*{{{pool}}}*")).await.unwrap();
+    let (mut cursor, mut left) = (0, Vec::new());
+    loop {
+        let (next, batch) =
+            conn.scan_beside(&format!("{{{pool}}}"), &format!("*{{{pool}}}*"), cursor).await.unwrap();
+        left.extend(batch);
+        if next == 0 {
+            break;
+        }
+        cursor = next;
+    }
     assert!(left.is_empty(), "keys left: {left:?}");
 }
 
