@@ -1,30 +1,74 @@
--- evict(grace, worker) -> {worker, jobs queued, worker, jobs queued, ...
---                          [, 'next', ms]}
+-- evict(grace, forced, n, worker1, jobs1, ..., key1, key2, ...)
+--   -> {worker, jobs queued, worker, jobs queued, ...} | {'changed'}
 --
 -- KEYS[1] slot table   KEYS[2] workers map   KEYS[3] leases
 -- KEYS[4] jobs hash    KEYS[5] queued set
+-- then for worker i (1..n): KEYS[4 + 2i] its inbox, KEYS[5 + 2i] its job set
+-- then for each job key j, in ARGV's order: KEYS[4 + 2n + 2j] its record,
+-- KEYS[5 + 2n + 2j] its held events
 -- ARGV[1] slot table channel  ARGV[2] workers map channel
--- ARGV[3] epoch for a map that has none
--- ARGV[4] the pool's key prefix, `pulse:{pool}:`
--- ARGV[5] the prefix of inbox keys (an inbox is the prefix and the worker)
--- ARGV[6] grace in ms  ARGV[7] a worker to evict whatever its lease (a
--- worker that fenced itself), or '' for every worker whose lease expired
--- more than the grace ago (at most 16 per call)
+-- ARGV[3] epoch for a map that has none  ARGV[4] grace in ms
+-- ARGV[5] '1': evict the workers whatever their leases (they fenced
+-- themselves); '': the workers must be every worker whose lease ended more
+-- than the grace ago (expired.lua), and only those are evicted
+-- ARGV[6] n, then each worker and the number of its jobs, then the keys
+-- of every worker's jobs, worker after worker
 --
--- Evicts a worker in one step: its slots (to the least loaded of the
--- workers that stay), its entry and its lease go; each job it owned is queued for its next worker with the
--- unprocessed entries of the inbox (a worker deletes each entry it processed)
--- moved, in order and ahead of anything held since, into the job's held
--- events. The expiry is checked here, on Redis time: eviction needs the
--- lease expired by more than the grace, by which time the worker fenced
--- itself (it stops its jobs before its lease ends). Evicting every expired
--- worker also answers when the next one may be evicted ('next', in ms from
--- now: the earliest lease's end plus the grace), so the janitor can wake
--- then rather than at its next tick.
+-- Why the caller names every key: a script that builds keys itself touches
+-- keys Redis Cluster never checked, which read as nil, without an error,
+-- while their slot migrates. The caller read the job sets before this
+-- runs, so a set that changed since (a job assigned to the worker) or a
+-- worker expired since answers 'changed' and nothing is written: the
+-- caller reads again.
+--
+-- Evicts the workers in one step: their slots move to live workers only
+-- (give_up_slots), so none passes from one evicted worker to another;
+-- their entries, leases, job sets and inboxes go; each job a worker owned
+-- is queued for its next worker with the unprocessed entries of the inbox
+-- (a worker deletes each entry it processed) moved, in order and ahead of
+-- anything held since, into the job's held events.
 local slots = {hash = KEYS[1], channel = ARGV[1], epoch = ARGV[3]}
 local workers = {hash = KEYS[2], channel = ARGV[2], epoch = ARGV[3]}
 local leases, jobs, queued = KEYS[3], KEYS[4], KEYS[5]
-local prefix, inboxes = ARGV[4], ARGV[5]
+local forced, n = ARGV[5] == '1', tonumber(ARGV[6])
+
+-- The workers as named, each with its keys and its jobs' keys.
+local named, at = {}, 7 + 2 * n
+local by_worker = {}
+for i = 1, n do
+  local w = {id = ARGV[5 + 2 * i], inbox = KEYS[4 + 2 * i], set = KEYS[5 + 2 * i], jobs = {}}
+  for _ = 1, tonumber(ARGV[6 + 2 * i]) do
+    local j = at - 6 - 2 * n
+    table.insert(w.jobs, {key = ARGV[at], record = KEYS[4 + 2 * n + 2 * j], held = KEYS[5 + 2 * n + 2 * j]})
+    at = at + 1
+  end
+  table.insert(named, w)
+  by_worker[w.id] = true
+end
+
+-- Every check before the first write.
+local leaving = {}
+if forced then
+  leaving = named
+else
+  -- A named worker no longer expired was evicted meanwhile by another
+  -- node's janitor (or renewed): it stays as it is.
+  local now, grace = tonumber(now_ms()), tonumber(ARGV[4])
+  local expired = {}
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', leases, '-inf', now - grace)) do
+    if not by_worker[id] then return {'changed'} end
+    expired[id] = true
+  end
+  for _, w in ipairs(named) do
+    if expired[w.id] then table.insert(leaving, w) end
+  end
+end
+for _, w in ipairs(leaving) do
+  if redis.call('SCARD', w.set) ~= #w.jobs then return {'changed'} end
+  for _, job in ipairs(w.jobs) do
+    if redis.call('SISMEMBER', w.set, job.key) == 0 then return {'changed'} end
+  end
+end
 
 -- The fields of a stream entry: kind and payload.
 local function entry_fields(entry)
@@ -36,21 +80,19 @@ local function entry_fields(entry)
   return kind, payload
 end
 
-local function evict(worker)
-  rmap_del(workers, worker)
-  redis.call('ZREM', leases, worker)
-  local inbox = inboxes .. worker
-  local worker_jobs = prefix .. 'worker:' .. worker .. ':jobs'
+local function evict(w)
+  rmap_del(workers, w.id)
+  redis.call('ZREM', leases, w.id)
   -- The unprocessed tail, for jobs still the worker's (same token): the
   -- starts it never ran, and the stops and notifications per key.
   local unstarted, tail = {}, {}
-  for _, entry in ipairs(redis.call('XRANGE', inbox, '-', '+')) do
+  for _, entry in ipairs(redis.call('XRANGE', w.inbox, '-', '+')) do
     local kind, payload = entry_fields(entry)
     local f = netstrings(payload)
     if kind and f and #f >= 5 then
       local key = f[1]
       local job = parse(redis.call('HGET', jobs, key))
-      if job and job.token == f[2] and job.worker == worker then
+      if job and job.token == f[2] and job.worker == w.id then
         if kind == 'start' then
           unstarted[key] = {f[4], f[5]}
         else
@@ -61,9 +103,10 @@ local function evict(worker)
     end
   end
   local moved = 0
-  for _, key in ipairs(redis.call('SMEMBERS', worker_jobs)) do
+  for _, j in ipairs(w.jobs) do
+    local key = j.key
     local job = parse(redis.call('HGET', jobs, key))
-    if job and job.worker == worker and (job.state == 'running' or job.state == 'moving') then
+    if job and job.worker == w.id and (job.state == 'running' or job.state == 'moving') then
       local seq = job.seq
       local events = tail[key]
       if events then
@@ -71,49 +114,30 @@ local function evict(worker)
         seq = events[1].seq - 1
         for i = #events, 1, -1 do
           local e = events[i]
-          redis.call('LPUSH', prefix .. 'held:' .. key, held_event(e.kind, e.reply, e.request, e.payload))
+          redis.call('LPUSH', j.held, held_event(e.kind, e.reply, e.request, e.payload))
         end
       end
-      local record = prefix .. 'job:' .. key
       if unstarted[key] then
         -- Never started here: whoever waits for the start hears from the next worker.
-        redis.call('HSET', record, 'reply', unstarted[key][1], 'request', unstarted[key][2])
+        redis.call('HSET', j.record, 'reply', unstarted[key][1], 'request', unstarted[key][2])
       else
-        redis.call('HSET', record, 'requeued', '1')
+        redis.call('HSET', j.record, 'requeued', '1')
       end
       redis.call('HSET', jobs, key, ownership('queued', '', job.token, seq))
       redis.call('SADD', queued, key)
       moved = moved + 1
     end
   end
-  redis.call('DEL', inbox, worker_jobs)
+  redis.call('DEL', w.inbox, w.set)
   return moved
 end
 
-local out = {}
-if ARGV[7] ~= '' then
-  give_up_slots(slots, {[ARGV[7]] = true})
-  table.insert(out, ARGV[7])
-  table.insert(out, evict(ARGV[7]))
-  return out
-end
-local now, grace = tonumber(now_ms()), tonumber(ARGV[6])
-local expired = redis.call('ZRANGEBYSCORE', leases, '-inf', now - grace, 'LIMIT', 0, 16)
--- The slots of every worker evicted now move in one step, so none passes
--- to another worker evicted in the same breath (a dead host's workers
--- expire together).
 local leavers = {}
-for _, worker in ipairs(expired) do
-  leavers[worker] = true
-end
-give_up_slots(slots, leavers)
-for _, worker in ipairs(expired) do
-  table.insert(out, worker)
-  table.insert(out, evict(worker))
-end
-local earliest = redis.call('ZRANGE', leases, 0, 0, 'WITHSCORES')
-if earliest[2] then
-  table.insert(out, 'next')
-  table.insert(out, math.max(0, tonumber(earliest[2]) + grace - now))
+for _, w in ipairs(leaving) do leavers[w.id] = true end
+give_up_slots(slots, leavers, leases)
+local out = {}
+for _, w in ipairs(leaving) do
+  table.insert(out, w.id)
+  table.insert(out, evict(w))
 end
 return out

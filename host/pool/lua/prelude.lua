@@ -125,9 +125,14 @@ local function take_slots(slots, worker, count)
 end
 
 -- Gives the slots of `leavers` (a set: worker -> true) to the least
--- loaded of the other holders, one slot at a time; frees them all when
--- no other worker holds a slot. Nothing else changes hands.
-local function give_up_slots(slots, leavers)
+-- loaded of the other holders whose leases (`leases`, worker -> deadline
+-- in ms of Redis time) have not ended, one slot at a time. A holder whose
+-- lease ended is dead or fenced and will be evicted: a slot given to it
+-- would move again then, with the jobs routed to it meanwhile. Only when
+-- every other holder's lease ended do they inherit (the slots move again
+-- with them, rather than leave the pool without a holder); when no other
+-- worker holds a slot, every slot is freed. Nothing else changes hands.
+local function give_up_slots(slots, leavers, leases)
   if next(leavers) == nil then return end
   local orphaned, load = {}, {}
   for slot, w in pairs(rmap_entries(slots)) do
@@ -143,6 +148,12 @@ local function give_up_slots(slots, leavers)
     rmap_clear(slots)
     return
   end
+  local now, live = tonumber(now_ms()), {}
+  for _, w in ipairs(order) do
+    local deadline = redis.call('ZSCORE', leases, w)
+    if deadline and tonumber(deadline) > now then table.insert(live, w) end
+  end
+  if #live > 0 then order = live end
   table.sort(orphaned)
   local moves = {}
   for _, slot in ipairs(orphaned) do

@@ -102,12 +102,6 @@ impl PoolKeys {
         pulse_streams::stream_key(&self.pool, &Self::inbox_name(worker))
     }
 
-    /// What the key of every inbox starts with: the inbox of worker `w`
-    /// is this and `w` (scripts that find workers build it).
-    pub(crate) fn inbox_prefix(&self) -> String {
-        self.inbox("")
-    }
-
     /// The name of a node's reply stream.
     pub(crate) fn replies_name(node: &str) -> String {
         format!("replies.{node}")
@@ -141,7 +135,6 @@ mod tests {
     #[test]
     fn scripts_can_build_a_workers_keys_from_the_prefixes() {
         let keys = PoolKeys::new("p");
-        assert_eq!(keys.inbox("w7"), format!("{}w7", keys.inbox_prefix()));
         assert_eq!(keys.worker_jobs("w7"), format!("{}worker:w7:jobs", keys.prefix));
         assert_eq!(keys.record("k"), format!("{}job:k", keys.prefix));
         assert_eq!(keys.held("k"), format!("{}held:k", keys.prefix));

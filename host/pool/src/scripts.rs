@@ -35,6 +35,7 @@ script!(MARK_MOVING, "mark_moving.lua");
 script!(JOIN, "join.lua");
 script!(RELEASE_SLOT, "release_slot.lua");
 script!(RENEW, "renew.lua");
+script!(EXPIRED, "expired.lua");
 script!(EVICT, "evict.lua");
 script!(REASSERT, "reassert.lua");
 script!(TICK, "tick.lua");

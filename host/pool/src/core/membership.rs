@@ -20,6 +20,11 @@ use crate::keys::PoolKeys;
 use crate::options::Release;
 use crate::scripts;
 
+/// Eviction rounds in a row that may find an expired worker's jobs
+/// changed (assigned to it while it was read) before the janitor leaves it
+/// to its next tick.
+const EVICT_ATTEMPTS: usize = 8;
+
 impl Core {
     /// `script` with what every membership script takes first: KEYS the
     /// slot table, the workers map and the leases; ARGV the two maps'
@@ -102,31 +107,107 @@ impl Core {
 
     /// [`Core::evict`], and with `None` also how long until the next
     /// worker may be evicted (the earliest lease's end plus the grace).
+    ///
+    /// Three steps, so the eviction script is given every key it touches:
+    /// which workers (`expired.lua`, on Redis time), their job sets, then
+    /// `evict.lua`, which refuses with `changed` when a set or the expired
+    /// workers changed in between; then it starts again.
     async fn evict_and_next(&self, id: Option<&str>) -> Result<(Vec<(String, u64)>, Option<Duration>)> {
-        let keys = &self.keys;
+        let grace = millis(grace(self.options.lease_ttl));
         let mut conn = self.conn.clone();
-        let mut invocation = self.membership_script(&scripts::EVICT);
-        invocation
-            .key(&keys.jobs)
-            .key(&keys.queued)
-            .arg(&keys.prefix)
-            .arg(keys.inbox_prefix())
-            .arg(millis(grace(self.options.lease_ttl)))
-            .arg(id.unwrap_or(""));
-        let answer: Vec<Value> =
-            invocation.invoke_async(&mut conn).await.map_err(self.redis_error("evict workers"))?;
-        let (mut evicted, mut next) = (Vec::new(), None);
-        for pair in answer.chunks(2) {
-            match pair {
-                [Value::BulkString(tag), Value::Int(ms)] if tag.as_slice() == b"next" => {
+        for _ in 0..EVICT_ATTEMPTS {
+            let (leaving, next) = match id {
+                Some(id) => (vec![id.to_owned()], None),
+                None => self.expired(grace).await?,
+            };
+            if leaving.is_empty() {
+                return Ok((Vec::new(), next));
+            }
+            let mut read = redis::pipe();
+            for worker in &leaving {
+                read.cmd("SMEMBERS").arg(self.keys.worker_jobs(worker));
+            }
+            let sets: Vec<Vec<String>> = read
+                .query_async(&mut conn)
+                .await
+                .map_err(self.redis_error("read the jobs of expired workers"))?;
+            let answer: Vec<Value> = self
+                .evict_invocation(&leaving, &sets, grace, id.is_some())
+                .invoke_async(&mut conn)
+                .await
+                .map_err(self.redis_error("evict workers"))?;
+            if let [Value::BulkString(changed)] = answer.as_slice()
+                && changed.as_slice() == b"changed"
+            {
+                continue;
+            }
+            let mut evicted = Vec::new();
+            for pair in answer.chunks(2) {
+                match pair {
+                    [Value::BulkString(worker), Value::Int(jobs)] => evicted.push((
+                        String::from_utf8_lossy(worker).into_owned(),
+                        u64::try_from(*jobs).unwrap_or(0),
+                    )),
+                    _ => return Err(super::protocol("evict", &format!("{answer:?}"))),
+                }
+            }
+            return Ok((evicted, next));
+        }
+        // Jobs kept being assigned to the workers as they were read: the
+        // next round tries again.
+        tracing::warn!(pool = %self.keys.pool, "the expired workers' jobs kept changing; eviction waits for the next round");
+        Ok((Vec::new(), None))
+    }
+
+    /// The workers whose leases expired more than `grace` ms ago, and how
+    /// long until the next one may be.
+    async fn expired(&self, grace: u64) -> Result<(Vec<String>, Option<Duration>)> {
+        let mut conn = self.conn.clone();
+        let answer: Vec<Value> = scripts::EXPIRED
+            .key(&self.keys.leases)
+            .arg(grace)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(self.redis_error("read expired leases"))?;
+        let (mut workers, mut next) = (Vec::new(), None);
+        let mut values = answer.iter();
+        while let Some(value) = values.next() {
+            match (value, next.is_none()) {
+                (Value::BulkString(tag), true) if tag.as_slice() == b"next" => {
+                    let Some(Value::Int(ms)) = values.next() else {
+                        return Err(super::protocol("expired", &format!("{answer:?}")));
+                    };
                     next = Some(Duration::from_millis(u64::try_from(*ms).unwrap_or(0)));
                 }
-                [Value::BulkString(worker), Value::Int(jobs)] => evicted
-                    .push((String::from_utf8_lossy(worker).into_owned(), u64::try_from(*jobs).unwrap_or(0))),
-                _ => {}
+                (Value::BulkString(worker), _) => workers.push(String::from_utf8_lossy(worker).into_owned()),
+                _ => return Err(super::protocol("expired", &format!("{answer:?}"))),
             }
         }
-        Ok((evicted, next))
+        Ok((workers, next))
+    }
+
+    /// `evict.lua` for `workers`, each with its job set as read (`sets`),
+    /// naming every key it touches.
+    fn evict_invocation<'a>(
+        &self,
+        workers: &[String],
+        sets: &[Vec<String>],
+        grace: u64,
+        forced: bool,
+    ) -> redis::ScriptInvocation<'a> {
+        let keys = &self.keys;
+        let mut invocation = self.membership_script(&scripts::EVICT);
+        invocation.key(&keys.jobs).key(&keys.queued);
+        invocation.arg(grace).arg(if forced { "1" } else { "" }).arg(workers.len());
+        for (worker, set) in workers.iter().zip(sets) {
+            invocation.key(keys.inbox(worker)).key(keys.worker_jobs(worker));
+            invocation.arg(worker).arg(set.len());
+        }
+        for key in sets.iter().flatten() {
+            invocation.key(keys.record(key)).key(keys.held(key));
+            invocation.arg(key);
+        }
+        invocation
     }
 
     /// Renews the leases of this node's workers. Returns whether the pool

@@ -2,7 +2,8 @@
 //! once, jobs listed on a worker that runs them, leaving and shutting down
 //! without starting jobs in vain, requests refused after a data loss
 //! answered as unavailable, a node whose token is cancelled fenced at
-//! once. Judged from the handlers' side.
+//! once, a dead host's jobs moved once each to live workers. Judged from
+//! the handlers' side.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -332,4 +333,83 @@ async fn cancelling_the_token_a_node_was_given_fences_its_workers_at_once() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// A host of more workers than one eviction used to take dies: every
+/// slot it held goes straight to a live worker, and each of its jobs is
+/// assigned once, started once on a survivor, never routed through
+/// another of the dead host's workers on the way (which would issue it a
+/// second token, and start it only after a second eviction).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_host_s_jobs_move_once_each_straight_to_live_workers() {
+    const DEAD_WORKERS: usize = 20;
+    const JOBS: usize = 200;
+    pulse_testkit::init_tracing();
+    // A private server: the dead host leaves its state behind.
+    let server = RedisServer::start();
+    let client = pulse_redis::Redis::open(server.url()).unwrap();
+    let short = NodeOptions { lease_ttl: Duration::from_secs(2), ..options() };
+    let (live, dead) = (Calls::default(), Calls::default());
+    let survivor = Node::join(&client, "dead-host", short.clone()).await.unwrap();
+    for _ in 0..2 {
+        survivor.add_worker(Recording::new(&live)).await.unwrap();
+    }
+    let root = tokio_util::sync::CancellationToken::new();
+    let host =
+        Node::join(&client, "dead-host", NodeOptions { cancel: root.child_token(), ..short }).await.unwrap();
+    for _ in 0..DEAD_WORKERS {
+        host.add_worker(Recording::new(&dead)).await.unwrap();
+    }
+    let keys: Vec<String> = (0..JOBS).map(|i| format!("job-{i}")).collect();
+    for key in &keys {
+        assert_eq!(survivor.dispatch(key, b"").await.unwrap(), DispatchOutcome::Started);
+    }
+    let started = |calls: &[Call]| -> HashMap<String, usize> {
+        let mut starts = HashMap::new();
+        for call in calls {
+            if let Call::Start { key, .. } = call {
+                *starts.entry(key.clone()).or_default() += 1;
+            }
+        }
+        starts
+    };
+    let all_started = |a: &Calls, b: &Calls| {
+        let (a, b) = (started(&a.all()), started(&b.all()));
+        keys.iter().all(|key| a.contains_key(key) || b.contains_key(key))
+    };
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !all_started(&live, &dead) {
+        assert!(tokio::time::Instant::now() < deadline, "not every job started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let moved: HashSet<String> = started(&dead.all()).into_keys().collect();
+    assert!(moved.len() > JOBS / 2, "the host ran {} of {JOBS} jobs", moved.len());
+
+    root.cancel();
+    live.wait_until("every job of the dead host started on a survivor", |calls| {
+        let starts = started(calls);
+        moved.iter().all(|key| starts.contains_key(key))
+    })
+    .await;
+    let starts = started(&live.all());
+    let twice: Vec<_> = starts.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "started twice on the survivor: {twice:?}");
+
+    let mut conn = server.connect().await;
+    let table = pulse_testkit::slot_table(&mut conn, "dead-host").await;
+    let holders: HashSet<&String> = table.values().collect();
+    let survivors: HashSet<String> = survivor
+        .workers()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|w| w.node == survivor.id())
+        .map(|w| w.id)
+        .collect();
+    assert!(holders.iter().all(|w| survivors.contains(*w)), "{holders:?} are not all of {survivors:?}");
+    // One token per dispatch, one per move: a job routed to a dead worker
+    // on its way would have taken two.
+    let tokens: u64 = redis::cmd("GET").arg("pulse:{dead-host}:tokens").query_async(&mut conn).await.unwrap();
+    assert_eq!(tokens, (JOBS + moved.len()) as u64, "{} jobs moved", moved.len());
+    survivor.close().await;
 }

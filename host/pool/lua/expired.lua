@@ -1,0 +1,20 @@
+-- expired(grace) -> {worker, worker, ... [, 'next', ms]}
+--
+-- KEYS[1] leases
+-- ARGV[1] grace in ms
+--
+-- Reads, writes nothing: every worker whose lease ended more than the
+-- grace ago, on Redis time (by then it fenced itself: it stops its jobs
+-- before its lease ends), and when the next one may be: the earliest
+-- lease's end plus the grace, in ms from now, so the janitor can wake then
+-- rather than at its next tick. A script only for Redis's clock: the
+-- eviction that follows (evict.lua) needs each worker's keys named before
+-- it runs, so the caller learns the workers here first.
+local now, grace = tonumber(now_ms()), tonumber(ARGV[1])
+local out = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now - grace)
+local earliest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if earliest[2] then
+  table.insert(out, 'next')
+  table.insert(out, math.max(0, tonumber(earliest[2]) + grace - now))
+end
+return out
