@@ -73,6 +73,110 @@ impl RedisCluster {
     pub fn nodes(&mut self) -> &mut [RedisServer] {
         &mut self.nodes
     }
+
+    /// The index (in [`RedisCluster::nodes`]) of the master that serves
+    /// `key`'s slot now: the one running node that answers for the key
+    /// rather than redirecting (`MOVED`) to another.
+    ///
+    /// # Panics
+    /// When no running node serves it.
+    pub fn serving(&self, key: &str) -> usize {
+        self.serving_now(key).unwrap_or_else(|| panic!("no running node serves {key}"))
+    }
+
+    /// [`RedisCluster::serving`], or none while no running node serves
+    /// the slot (its master died and no replica took over yet).
+    fn serving_now(&self, key: &str) -> Option<usize> {
+        self.nodes.iter().position(|node| {
+            node.pid().is_some()
+                && cli(node.port(), &["EXISTS", key])
+                    .is_some_and(|answer| answer.trim().parse::<u64>().is_ok())
+        })
+    }
+
+    /// Fails master `master` over to its replica gracefully (`CLUSTER
+    /// FAILOVER` on the replica: the master stops taking writes, the
+    /// replica catches up and takes over), and waits until the replica
+    /// says it is a master. Returns the replica's index.
+    ///
+    /// # Panics
+    /// When the master has no replica or the failover does not finish.
+    pub fn fail_over(&self, master: usize) -> usize {
+        let port = self.nodes[master].port().to_string();
+        let replica = self
+            .nodes
+            .iter()
+            .position(|node| {
+                cli(node.port(), &["ROLE"]).is_some_and(|role| {
+                    let mut lines = role.lines().map(str::trim);
+                    lines.next() == Some("slave") && lines.nth(1) == Some(port.as_str())
+                })
+            })
+            .unwrap_or_else(|| panic!("node {master} has no replica"));
+        let answer = cli(self.nodes[replica].port(), &["CLUSTER", "FAILOVER"]).unwrap_or_default();
+        assert_eq!(answer.trim(), "OK", "CLUSTER FAILOVER on node {replica}");
+        wait_for(self.nodes[replica].port(), &["ROLE"], |role| role.starts_with("master"));
+        replica
+    }
+
+    /// Moves the slot of `key` to master `to` as `redis-cli --cluster
+    /// reshard` would, while clients keep using it: the slot is marked
+    /// importing on `to` and migrating on its master, its keys move a
+    /// few at a time (`MIGRATE`; meanwhile a client is sent `ASK` or
+    /// `TRYAGAIN`), then every master is told its new node.
+    ///
+    /// # Panics
+    /// When a step fails.
+    pub fn migrate_slot_of(&self, key: &str, to: usize) {
+        let from = self.serving(key);
+        assert_ne!(from, to, "node {to} serves {key} already");
+        let (source, target) = (self.nodes[from].port(), self.nodes[to].port());
+        let id = |port| cli(port, &["CLUSTER", "MYID"]).unwrap_or_default().trim().to_owned();
+        let (source_id, target_id) = (id(source), id(target));
+        let slot = cli(source, &["CLUSTER", "KEYSLOT", key]).unwrap_or_default().trim().to_owned();
+        let ok = |port, args: &[&str]| {
+            let answer = cli(port, args).unwrap_or_default();
+            assert_eq!(answer.trim(), "OK", "port {port}: {args:?} answered {answer:?}");
+        };
+        ok(target, &["CLUSTER", "SETSLOT", &slot, "IMPORTING", &source_id]);
+        ok(source, &["CLUSTER", "SETSLOT", &slot, "MIGRATING", &target_id]);
+        loop {
+            let keys = cli(source, &["CLUSTER", "GETKEYSINSLOT", &slot, "5"]).unwrap_or_default();
+            let keys: Vec<&str> = keys.lines().map(str::trim).filter(|k| !k.is_empty()).collect();
+            if keys.is_empty() {
+                break;
+            }
+            let target_port = target.to_string();
+            let mut migrate = vec!["MIGRATE", "127.0.0.1", &target_port, "", "0", "5000", "KEYS"];
+            migrate.extend(&keys);
+            let answer = cli(source, &migrate).unwrap_or_default();
+            assert!(matches!(answer.trim(), "OK" | "NOKEY"), "MIGRATE answered {answer:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        for node in &self.nodes[..self.masters] {
+            if node.pid().is_some() {
+                ok(node.port(), &["CLUSTER", "SETSLOT", &slot, "NODE", &target_id]);
+            }
+        }
+    }
+
+    /// Waits until every running node says the cluster is `ok` again, and
+    /// some node other than `dead` serves `key` (after a master's kill:
+    /// its replica was promoted).
+    ///
+    /// # Panics
+    /// When the cluster does not settle.
+    pub fn wait_for_promotion(&self, key: &str, dead: usize) {
+        let deadline = Instant::now() + SETTLE_TIMEOUT;
+        while self.nodes.iter().enumerate().any(|(i, node)| {
+            i != dead
+                && !cli(node.port(), &["CLUSTER", "INFO"]).unwrap_or_default().contains("cluster_state:ok")
+        }) || self.serving_now(key).is_none_or(|node| node == dead)
+        {
+            assert!(Instant::now() < deadline, "no replica took over {key} from node {dead}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
 }
 
 /// A primary and its replica behind three sentinels (quorum two) that
@@ -134,6 +238,18 @@ impl RedisSentinels {
             }
         }
         panic!("no sentinel named a primary")
+    }
+
+    /// Waits until the sentinels name `servers[server]` the primary.
+    ///
+    /// # Panics
+    /// When they do not within a minute.
+    pub fn wait_for_primary(&self, server: usize) {
+        let (port, deadline) = (self.servers[server].port(), Instant::now() + SETTLE_TIMEOUT);
+        while self.primary_port() != port {
+            assert!(Instant::now() < deadline, "the sentinels never named port {port} the primary");
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 }
 
