@@ -125,6 +125,9 @@ pub struct NodeConfig {
     pub max_payload: u64,
     /// `reply_timeout`.
     pub reply_timeout: Duration,
+    /// `confirm_replicas`: replicas that must hold a dispatch before it
+    /// is confirmed.
+    pub confirm_replicas: u32,
     /// `max_attempts`.
     pub max_attempts: u32,
     /// `retry_backoff`.

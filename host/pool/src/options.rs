@@ -13,6 +13,8 @@ use tokio_util::sync::CancellationToken;
 /// - `max_key_len`: 256 bytes; `max_payload`: 1 MiB (also the limit of
 ///   saved state and emitted events);
 /// - `reply_timeout`: 10 s to wait for a worker's confirmation;
+/// - `confirm_replicas`: 0 (a dispatch is confirmed once the primary holds
+///   it and the worker started it);
 /// - `max_attempts`: 3 starts of a job whose handler answers `retryable`,
 ///   `retry_backoff` 100 ms before the second, doubled each time;
 /// - `events_retention`: the pool's events stream keeps about 10,000
@@ -38,6 +40,11 @@ pub struct NodeOptions {
     pub max_payload: usize,
     /// How long dispatch, stop and notify wait for the worker's answer.
     pub reply_timeout: Duration,
+    /// Replicas that must acknowledge a dispatch (`WAIT`, up to
+    /// `reply_timeout`) before it is confirmed `Started`; without them it
+    /// is `Unconfirmed`. 0 (the default) confirms what the primary holds:
+    /// a primary that dies before replicating loses it.
+    pub confirm_replicas: u32,
     /// Starts of a job before a retryable failure becomes final.
     pub max_attempts: u32,
     /// Wait before the second start; doubled for each further one.
@@ -71,6 +78,7 @@ impl Default for NodeOptions {
             max_key_len: 256,
             max_payload: 1 << 20,
             reply_timeout: Duration::from_secs(10),
+            confirm_replicas: 0,
             max_attempts: 3,
             retry_backoff: Duration::from_millis(100),
             events_retention: 10_000,

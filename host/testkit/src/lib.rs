@@ -42,7 +42,7 @@ pub use http::HttpServer;
 pub use names::{assert_no_keys, keys_under, unique};
 pub use pools::slot_table;
 pub use server::{RedisServer, connect, shared_redis_url};
-pub use topology::{RedisCluster, RedisSentinels};
+pub use topology::{RedisCluster, RedisSentinels, start_replica};
 
 /// Sends `tracing` output of the code under test to the test's captured
 /// output, filtered by `RUST_LOG` (default: `warn`). Safe to call from every

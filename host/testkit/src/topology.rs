@@ -24,7 +24,7 @@ pub struct RedisCluster {
 impl RedisCluster {
     /// Starts `masters` masters with `replicas` replicas each, joined into
     /// one cluster with `redis-cli --cluster create`, and waits until every
-    /// node says the cluster is `ok`. Nodes give up on a silent peer after
+    /// node says the cluster is `ok` and every replica is in sync. Nodes give up on a silent peer after
     /// a second (`cluster-node-timeout`), so a killed master's replica is
     /// promoted within a few seconds.
     ///
@@ -58,6 +58,10 @@ impl RedisCluster {
         let cluster = Self { nodes, masters };
         for node in &cluster.nodes {
             wait_for(node.port(), &["CLUSTER", "INFO"], |info| info.contains("cluster_state:ok"));
+        }
+        // A replica still in its first sync acknowledges nothing.
+        for node in &cluster.nodes[masters..] {
+            wait_for(node.port(), &["INFO", "replication"], |info| info.contains("master_link_status:up"));
         }
         cluster
     }
@@ -94,6 +98,23 @@ impl RedisCluster {
         })
     }
 
+    /// The index of a replica of master `master`.
+    ///
+    /// # Panics
+    /// When it has none.
+    pub fn replica_of(&self, master: usize) -> usize {
+        let port = self.nodes[master].port().to_string();
+        self.nodes
+            .iter()
+            .position(|node| {
+                cli(node.port(), &["ROLE"]).is_some_and(|role| {
+                    let mut lines = role.lines().map(str::trim);
+                    lines.next() == Some("slave") && lines.nth(1) == Some(port.as_str())
+                })
+            })
+            .unwrap_or_else(|| panic!("node {master} has no replica"))
+    }
+
     /// Fails master `master` over to its replica gracefully (`CLUSTER
     /// FAILOVER` on the replica: the master stops taking writes, the
     /// replica catches up and takes over), and waits until the replica
@@ -102,17 +123,7 @@ impl RedisCluster {
     /// # Panics
     /// When the master has no replica or the failover does not finish.
     pub fn fail_over(&self, master: usize) -> usize {
-        let port = self.nodes[master].port().to_string();
-        let replica = self
-            .nodes
-            .iter()
-            .position(|node| {
-                cli(node.port(), &["ROLE"]).is_some_and(|role| {
-                    let mut lines = role.lines().map(str::trim);
-                    lines.next() == Some("slave") && lines.nth(1) == Some(port.as_str())
-                })
-            })
-            .unwrap_or_else(|| panic!("node {master} has no replica"));
+        let replica = self.replica_of(master);
         let answer = cli(self.nodes[replica].port(), &["CLUSTER", "FAILOVER"]).unwrap_or_default();
         assert_eq!(answer.trim(), "OK", "CLUSTER FAILOVER on node {replica}");
         wait_for(self.nodes[replica].port(), &["ROLE"], |role| role.starts_with("master"));
@@ -200,8 +211,7 @@ impl RedisSentinels {
     pub fn start() -> Self {
         let primary = RedisServer::start_tcp_with(&[]);
         let port = primary.port().to_string();
-        let replica = RedisServer::start_tcp_with(&["--replicaof", "127.0.0.1", &port]);
-        wait_for(replica.port(), &["INFO", "replication"], |info| info.contains("master_link_status:up"));
+        let replica = start_replica(&primary);
         let config = format!(
             "sentinel monitor {MASTER_NAME} 127.0.0.1 {port} 2\n\
              sentinel down-after-milliseconds {MASTER_NAME} 1000\n\
@@ -251,6 +261,17 @@ impl RedisSentinels {
             std::thread::sleep(Duration::from_millis(50));
         }
     }
+}
+
+/// Starts a replica of `primary` (a TCP server) and waits until it is in
+/// sync.
+///
+/// # Panics
+/// When it does not start or sync within a minute.
+pub fn start_replica(primary: &RedisServer) -> RedisServer {
+    let replica = RedisServer::start_tcp_with(&["--replicaof", "127.0.0.1", &primary.port().to_string()]);
+    wait_for(replica.port(), &["INFO", "replication"], |info| info.contains("master_link_status:up"));
+    replica
 }
 
 /// What `redis-cli -p port args…` prints, or none when it failed.

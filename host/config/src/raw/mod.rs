@@ -30,6 +30,7 @@ const MAX_JOBS: RangeInclusive<u64> = 0..=1_000_000_000;
 const MAX_PAYLOAD: RangeInclusive<u64> = 1..=(64 << 20);
 const REPLY_TIMEOUT: RangeInclusive<Duration> = millis(10)..=secs(3600);
 const MAX_ATTEMPTS: RangeInclusive<u64> = 1..=100;
+const CONFIRM_REPLICAS: RangeInclusive<u64> = 0..=16;
 const RETRY_BACKOFF: RangeInclusive<Duration> = millis(0)..=secs(3600);
 const EVENTS_RETENTION: RangeInclusive<u64> = 1..=10_000_000;
 const EVENTS_MAX_BYTES: RangeInclusive<u64> = 1..=(16 << 30);
@@ -96,6 +97,7 @@ struct Node {
     max_jobs: Option<Spanned<u64>>,
     max_payload: Option<Spanned<String>>,
     reply_timeout: Option<Spanned<String>>,
+    confirm_replicas: Option<Spanned<u64>>,
     max_attempts: Option<Spanned<u64>>,
     retry_backoff: Option<Spanned<String>>,
     events_retention: Option<Spanned<u64>>,
@@ -203,6 +205,12 @@ impl File {
                 d.reply_timeout,
                 REPLY_TIMEOUT,
             ),
+            confirm_replicas: check.count(
+                "node.confirm_replicas",
+                self.node.confirm_replicas.as_ref(),
+                d.confirm_replicas.into(),
+                CONFIRM_REPLICAS,
+            ) as u32,
             max_attempts: check.count(
                 "node.max_attempts",
                 self.node.max_attempts.as_ref(),

@@ -13,6 +13,7 @@ fn defaults() -> Defaults {
             max_jobs: 5,
             max_payload: 3 << 20,
             reply_timeout: Duration::from_secs(7),
+            confirm_replicas: 2,
             max_attempts: 4,
             retry_backoff: Duration::from_millis(30),
             events_retention: 900,
@@ -291,5 +292,17 @@ fn settings_come_from_the_file_the_environment_or_a_file_and_those_read_are_neve
     assert!(
         message.contains("config.toml:7: setting `b` = { file = \"nope.txt\" }: cannot read"),
         "{message}"
+    );
+}
+
+#[test]
+fn replicas_to_confirm_on_are_taken_up_to_sixteen() {
+    let config = parse(Path::new("c.toml"), "[node]\nconfirm_replicas = 1\n").unwrap();
+    assert_eq!(config.node.confirm_replicas, 1);
+    assert_eq!(parse(Path::new("c.toml"), "").unwrap().node.confirm_replicas, 2, "the default given");
+    let error = parse(Path::new("c.toml"), "[node]\nconfirm_replicas = 17\n").unwrap_err();
+    assert!(
+        error.to_string().contains("`node.confirm_replicas` = 17 is out of range: allowed are 0 to 16"),
+        "{error}"
     );
 }

@@ -12,6 +12,7 @@ use std::time::Instant;
 use redis::Value;
 
 use super::Node;
+use super::confirm::Sent;
 use super::dispatch::{dispatched, not_sent, started};
 use crate::core::{Dispatched, Waiter};
 use crate::error::Result;
@@ -77,11 +78,15 @@ impl Node {
         // Sent again one by one: the slot table changed under them.
         let mut again = Vec::new();
         let answers = self.send_groups(jobs, &groups).await;
-        for (group, answer) in groups.drain(..).zip(answers) {
+        for (group, (answer, held)) in groups.drain(..).zip(answers) {
             match answer {
                 Ok(answers) => {
                     for (pending, answer) in group.jobs.into_iter().zip(answers) {
                         match answer {
+                            // Started on the primary, which may lose it with a failover.
+                            Ok(Dispatched::Sent) if !held => {
+                                outcomes[pending.index] = Some(Ok(DispatchOutcome::Unconfirmed));
+                            }
                             Ok(Dispatched::Sent) => sent.push(pending),
                             Ok(Dispatched::Stale(_)) => again.push(pending.index),
                             Ok(other) => outcomes[pending.index] = Some(Ok(not_sent(other))),
@@ -120,18 +125,21 @@ impl Node {
         outcomes.into_iter().map(|outcome| outcome.expect("every job has an outcome")).collect()
     }
 
-    /// Sends one `dispatch.lua` per group, all in one pipeline; a
-    /// script the server did not know is loaded and its groups sent
-    /// again. Per group: its jobs' answers, in order, or why it failed.
+    /// Sends one `dispatch.lua` per group, all in one pipeline (with
+    /// `WAIT` behind it when the node confirms on replicas); a script the
+    /// server did not know is loaded and its groups sent again. Per group:
+    /// its jobs' answers, in order, or why it failed; and whether the
+    /// replicas asked for hold them.
     async fn send_groups(
         &self,
         jobs: &[(String, Vec<u8>)],
         groups: &[Group<'_>],
-    ) -> Vec<redis::RedisResult<Vec<Result<Dispatched>>>> {
+    ) -> Vec<(redis::RedisResult<Vec<Result<Dispatched>>>, bool)> {
         let core = &self.core;
         let mut conn = core.conn.clone();
         let mut answers: Vec<Option<redis::RedisResult<Vec<Result<Dispatched>>>>> =
             groups.iter().map(|_| None).collect();
+        let mut unheld = vec![false; groups.len()];
         let mut todo: Vec<usize> = (0..groups.len()).collect();
         for attempt in 0..2 {
             let mut pipe = redis::pipe();
@@ -146,8 +154,17 @@ impl Node {
                     .collect();
                 pipe.add_command(self.dispatch_cmd(*rev, worker, &group));
             }
-            let replies: Vec<redis::RedisResult<Value>> = match pipe.query_async(&mut conn).await {
-                Ok(replies) => replies,
+            let sent = match &self.confirm {
+                None => pipe.query_async(&mut conn).await.map(|replies| Sent { replies, held: true }),
+                Some(confirm) => confirm.send(&pipe).await,
+            };
+            let replies: Vec<redis::RedisResult<Value>> = match sent {
+                Ok(Sent { replies, held }) => {
+                    for &g in &todo {
+                        unheld[g] = !held;
+                    }
+                    replies
+                }
                 Err(error) => {
                     for &g in &todo {
                         answers[g] = Some(Err(error.clone()));
@@ -174,6 +191,10 @@ impl Node {
             }
             todo = unknown;
         }
-        answers.into_iter().map(|answer| answer.expect("every group has an answer")).collect()
+        answers
+            .into_iter()
+            .zip(unheld)
+            .map(|(answer, unheld)| (answer.expect("every group has an answer"), !unheld))
+            .collect()
     }
 }

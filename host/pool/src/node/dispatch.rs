@@ -41,11 +41,16 @@ impl Node {
             let mut conn = core.conn.clone();
             let (rev, worker) = core.route(key);
             let cmd = self.dispatch_cmd(rev, &worker, &[(key, payload, waiter.request.as_str())]);
-            let answer: Value = scripts::query(&scripts::DISPATCH, &cmd, &mut conn)
-                .await
-                .map_err(core.redis_error("dispatch"))?;
-            let answer = dispatched(answer, 1).pop().expect("one answer per job");
+            let (answer, held) = match &self.confirm {
+                None => (scripts::query(&scripts::DISPATCH, &cmd, &mut conn).await, true),
+                Some(confirm) => confirmed(confirm, &cmd, &mut conn).await,
+            };
+            let answer = dispatched(answer.map_err(core.redis_error("dispatch"))?, 1)
+                .pop()
+                .expect("one answer per job");
             return match answer? {
+                // Started on the primary, which may lose it with a failover.
+                Dispatched::Sent if !held => Ok(DispatchOutcome::Unconfirmed),
                 Dispatched::Sent => started(waiter.wait(core.options.reply_timeout).await),
                 Dispatched::Stale(rev) => {
                     core.routing_retries.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -231,6 +236,38 @@ pub(super) fn started(answer: Option<Answer>) -> Result<DispatchOutcome> {
         },
         None => DispatchOutcome::Unconfirmed,
     })
+}
+
+/// `cmd` (one `dispatch.lua`) sent with `WAIT` behind it, loading the
+/// script first if the server does not know it: its answer, and whether
+/// the replicas `confirm` asks for hold it.
+async fn confirmed(
+    confirm: &super::confirm::Confirm,
+    cmd: &redis::Cmd,
+    conn: &mut pulse_redis::Shared,
+) -> (redis::RedisResult<Value>, bool) {
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors().add_command(cmd.clone());
+    let mut sent = confirm.send(&pipe).await;
+    if let Ok(first) = &sent
+        && let Some(Err(error)) = first.replies.first()
+        && scripts::is_unknown_script(error)
+    {
+        sent = match scripts::load(&scripts::DISPATCH, conn).await {
+            Ok(()) => confirm.send(&pipe).await,
+            Err(error) => Err(error),
+        };
+    }
+    match sent {
+        Ok(sent) => {
+            let held = sent.held;
+            let reply = sent.replies.into_iter().next().unwrap_or_else(|| {
+                Err(redis::RedisError::from((redis::ErrorKind::Client, "no reply to a dispatch")))
+            });
+            (reply, held)
+        }
+        Err(error) => (Err(error), false),
+    }
 }
 
 /// What a dispatch that reached no worker came to (not `Sent` or `Stale`).

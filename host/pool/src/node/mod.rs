@@ -5,6 +5,7 @@
 //! # Layout
 //! - this file: [`Node`], join and close.
 //! - `batch`: dispatching many jobs in pipelines.
+//! - `confirm`: dispatches confirmed on replicas (`WAIT`).
 //! - `dispatch`: dispatch, stop, notify, retry, forget.
 //! - `membership`: workers joining and leaving; the pool's shutdown.
 //! - `upkeep`: the full node's task: lease renewals, the janitor.
@@ -12,6 +13,7 @@
 //! - `view`: [`PoolView`], the same listings without joining.
 
 mod batch;
+mod confirm;
 mod dispatch;
 mod listing;
 mod membership;
@@ -62,6 +64,8 @@ pub struct Node {
     pub(crate) core: Arc<Core>,
     client_only: bool,
     pub(crate) local_workers: LocalWorkers,
+    /// With `confirm_replicas`: the connections dispatches go on.
+    confirm: Option<confirm::Confirm>,
     /// Becomes true once the pool shut down and this node's workers left.
     stopped: tokio::sync::watch::Receiver<bool>,
 }
@@ -114,6 +118,7 @@ impl Node {
             }
         }
         let (epoch, slot_count) = core::pool_epoch(&conn, &keys).await?;
+        let confirm = confirm::Confirm::new(client, &options);
         let slots = Map::join(client, SLOTS_MAP, MapOptions::default().hash_tag(pool)).await?;
         let workers = Map::join(client, WORKERS_MAP, MapOptions::default().hash_tag(pool)).await?;
         // A ULID: unique across hosts (every container's process may be
@@ -136,7 +141,7 @@ impl Node {
             );
         }
         tracing::info!(pool, node = %core.id, client_only, "joined the pool");
-        Ok(Self { core, client_only, local_workers, stopped })
+        Ok(Self { core, client_only, local_workers, confirm, stopped })
     }
 
     /// Waits until the pool shuts down ([`Node::shutdown`], from any node),

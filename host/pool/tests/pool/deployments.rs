@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use pulse_pool::{DispatchOutcome, EventOutcome, Node, NodeOptions};
-use pulse_testkit::{RedisCluster, RedisSentinels};
+use pulse_testkit::{RedisCluster, RedisSentinels, RedisServer};
 
 use crate::{Call, Calls, PATIENCE, Recording};
 
@@ -224,4 +224,57 @@ async fn a_pool_follows_a_sentinel_failover() {
         set
     })
     .await;
+}
+
+/// With `confirm_replicas` 1 a dispatch is confirmed started only once the
+/// replica holds it: while the replica is stopped (SIGSTOP), single and
+/// batched dispatches are unconfirmed, though the primary took them and
+/// their worker starts them, where a node without the setting confirms
+/// them; once the replica answers again, dispatches are confirmed.
+async fn confirmed_only_once_held(redis: &pulse_redis::Redis, pool: &str, replica: &RedisServer) {
+    pulse_testkit::init_tracing();
+    let calls = Calls::default();
+    let confirming =
+        NodeOptions { confirm_replicas: 1, reply_timeout: Duration::from_millis(500), ..crate::options() };
+    let node = Node::join(redis, pool, confirming).await.unwrap();
+    node.add_worker(Recording::new(&calls)).await.unwrap();
+    let plain = Node::client(redis, pool, crate::options()).await.unwrap();
+    assert_eq!(node.dispatch("held", b"").await.unwrap(), DispatchOutcome::Started);
+
+    replica.pause();
+    assert_eq!(node.dispatch("unheld", b"").await.unwrap(), DispatchOutcome::Unconfirmed);
+    let batch = node.dispatch_batch(&[("unheld-batch".to_owned(), Vec::new())]).await;
+    assert_eq!(batch[0].as_ref().unwrap(), &DispatchOutcome::Unconfirmed);
+    assert_eq!(plain.dispatch("primary-only", b"").await.unwrap(), DispatchOutcome::Started);
+    calls
+        .wait_until("the unconfirmed jobs started", |calls| {
+            ["unheld", "unheld-batch"]
+                .iter()
+                .all(|key| calls.iter().any(|c| matches!(c, Call::Start { key: k, .. } if k == key)))
+        })
+        .await;
+
+    replica.resume();
+    assert_eq!(node.dispatch("held-again", b"").await.unwrap(), DispatchOutcome::Started);
+    let batch = node.dispatch_batch(&[("held-batch".to_owned(), Vec::new())]).await;
+    assert_eq!(batch[0].as_ref().unwrap(), &DispatchOutcome::Started);
+    plain.close().await;
+    node.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dispatch_is_confirmed_only_once_a_replica_holds_it() {
+    let primary = RedisServer::start_tcp_with(&[]);
+    let replica = pulse_testkit::start_replica(&primary);
+    let redis = pulse_redis::Redis::open(&format!("redis://127.0.0.1:{}", primary.port())).unwrap();
+    confirmed_only_once_held(&redis, "confirmed", &replica).await;
+}
+
+/// The same on a cluster: `WAIT` goes with the scripts to the pool's
+/// master, and the replica stopped is that master's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_a_dispatch_is_confirmed_only_once_a_replica_holds_it() {
+    let (mut cluster, redis, pool, tag) = cluster_with_replicas("cluster-confirm").await;
+    let replica = cluster.replica_of(cluster.serving(&tag));
+    confirmed_only_once_held(&redis, &pool, &cluster.nodes()[replica]).await;
 }
