@@ -3,6 +3,7 @@
 
 mod check;
 mod choice;
+mod setting;
 #[cfg(test)]
 mod tests;
 
@@ -14,6 +15,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use check::Check;
+use setting::RawSetting;
 use toml::Spanned;
 
 use crate::units::{self, DURATION_FORMS, SIZE_FORMS};
@@ -147,24 +149,6 @@ struct Schedule {
     limits: PluginLimits,
     #[serde(default)]
     settings: BTreeMap<String, Spanned<RawSetting>>,
-}
-
-/// A setting's value: written out, or read from an environment variable
-/// or a file (a secret: never printed).
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum RawSetting {
-    Text(String),
-    Env {
-        env: String,
-    },
-    File {
-        file: String,
-    },
-    /// Anything else (a number, a list, another table): kept, so the
-    /// check can name the setting and its line instead of serde's "did
-    /// not match any variant".
-    Other(toml::Value),
 }
 
 #[derive(Debug, Deserialize, Default)]
