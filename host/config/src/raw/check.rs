@@ -118,11 +118,17 @@ impl Check<'_> {
                 d.http_first_byte_timeout,
                 OUTBOUND_TIMEOUT,
             ),
+            http_request_bytes: self.size(
+                "limits.http_request_bytes",
+                limits.http_request_bytes.as_ref(),
+                d.http_request_bytes,
+                HTTP_BODY_BYTES,
+            ),
             http_response_bytes: self.size(
                 "limits.http_response_bytes",
                 limits.http_response_bytes.as_ref(),
                 d.http_response_bytes,
-                HTTP_RESPONSE_BYTES,
+                HTTP_BODY_BYTES,
             ),
             http_requests: self.count(
                 "limits.http_requests",

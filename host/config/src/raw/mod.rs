@@ -42,7 +42,7 @@ const MEMORY: RangeInclusive<u64> = (64 << 10)..=(4 << 30);
 const CALL_TIMEOUT: RangeInclusive<Duration> = millis(1)..=secs(3600);
 const FUEL: RangeInclusive<u64> = 1..=(1 << 60);
 const OUTBOUND_TIMEOUT: RangeInclusive<Duration> = millis(1)..=secs(3600);
-const HTTP_RESPONSE_BYTES: RangeInclusive<u64> = 1..=(1 << 30);
+const HTTP_BODY_BYTES: RangeInclusive<u64> = 1..=(1 << 30);
 const HTTP_REQUESTS: RangeInclusive<u64> = 1..=1000;
 // 0: this host runs none of the pool's jobs; it dispatches into it (its API
 // answers for it) while other hosts run them.
@@ -160,6 +160,7 @@ struct PluginLimits {
     instances: Option<Spanned<u64>>,
     http_connect_timeout: Option<Spanned<String>>,
     http_first_byte_timeout: Option<Spanned<String>>,
+    http_request_bytes: Option<Spanned<String>>,
     http_response_bytes: Option<Spanned<String>>,
     http_requests: Option<Spanned<u64>>,
 }

@@ -33,6 +33,7 @@ fn defaults() -> Defaults {
             instances: 0,
             http_connect_timeout: Duration::from_secs(2),
             http_first_byte_timeout: Duration::from_secs(4),
+            http_request_bytes: 3 << 20,
             http_response_bytes: 1 << 20,
             http_requests: 3,
         },
