@@ -85,10 +85,10 @@ pub fn run(args: &Args) -> BenchResult {
         let dispatched_in = started.elapsed();
         tokio::time::sleep(warm_up).await;
         let (before, from) = (endpoints.received().len(), Instant::now());
-        let scraped_before = scrape_all(&apis).await;
+        let scraped_before = scrape_all(&apis).await?;
         tokio::time::sleep(measured).await;
         let (after, elapsed) = (endpoints.received().len(), from.elapsed());
-        let scraped_after = scrape_all(&apis).await;
+        let scraped_after = scrape_all(&apis).await?;
         let latency = scraped_after.minus(&scraped_before);
         let rss: Vec<String> = hosts
             .iter()
@@ -153,14 +153,13 @@ impl Histogram {
     }
 }
 
-async fn scrape_all(apis: &[std::net::SocketAddr]) -> Histogram {
+/// The request-latency histograms of the hosts at `apis`, added up; an
+/// error when a host's metrics cannot be read.
+async fn scrape_all(apis: &[std::net::SocketAddr]) -> Result<Histogram, String> {
     let mut total = Histogram::default();
     for api in apis {
-        let Ok(response) = reqwest::get(format!("http://{api}/metrics")).await else { continue };
-        let Ok(text) = response.text().await else { continue };
-        for line in text.lines().filter(|line| line.starts_with("pulse_plugin_http_request_seconds")) {
-            let Some((name, value)) = line.rsplit_once(' ') else { continue };
-            let Ok(value) = value.parse::<f64>() else { continue };
+        let text = crate::scrape::metrics(*api).await?;
+        for (name, value) in crate::scrape::samples(&text, "pulse_plugin_http_request_seconds")? {
             if name.starts_with("pulse_plugin_http_request_seconds_sum") {
                 total.sum += value;
             } else if name.starts_with("pulse_plugin_http_request_seconds_count") {
@@ -174,5 +173,5 @@ async fn scrape_all(apis: &[std::net::SocketAddr]) -> Histogram {
             }
         }
     }
-    total
+    Ok(total)
 }

@@ -62,6 +62,7 @@ mod process;
 mod report;
 mod rollout;
 mod runtime;
+mod scrape;
 mod ticker;
 
 use std::process::ExitCode;

@@ -61,7 +61,7 @@ pub fn run(args: &Args) -> BenchResult {
         let node = Arc::new(Node::client(&client, POOL, NodeOptions::default()).await?);
         wait_for_workers(&node, HOSTS * WORKERS_PER_HOST, &mut hosts).await?;
         crate::membership::dispatch_all(&node, jobs).await?;
-        let moved_before = moved_jobs(&apis).await;
+        let moved_before = moved_jobs(&apis).await?;
         std::fs::copy(crate::runtime::plugin_path("counter_v2")?, dir.path().join("counter.new"))?;
         std::fs::rename(dir.path().join("counter.new"), &plugin)?;
         write_configs("2")?;
@@ -74,7 +74,7 @@ pub fn run(args: &Args) -> BenchResult {
             reloads.push(format!("{}", reload.elapsed().as_millis()));
         }
         let total = started.elapsed();
-        let moved = moved_jobs(&apis).await - moved_before;
+        let moved = moved_jobs(&apis).await? - moved_before;
         let counts = node.job_counts().await?;
         report::Result::new("rollout")
             .field("jobs", jobs)
@@ -120,17 +120,8 @@ async fn wait_for_release(node: &Node, version: &str, count: usize) -> BenchResu
     }
 }
 
-/// `pulse_moved_jobs_total` of every host, added up.
-async fn moved_jobs(apis: &[std::net::SocketAddr]) -> u64 {
-    let mut total = 0.0;
-    for api in apis {
-        let Ok(response) = reqwest::get(format!("http://{api}/metrics")).await else { continue };
-        let Ok(text) = response.text().await else { continue };
-        for line in text.lines().filter(|line| line.starts_with("pulse_moved_jobs_total")) {
-            if let Some(value) = line.rsplit_once(' ').and_then(|(_, value)| value.parse::<f64>().ok()) {
-                total += value;
-            }
-        }
-    }
-    total as u64
+/// `pulse_moved_jobs_total` of every host, added up; an error when a
+/// host's metrics cannot be read.
+async fn moved_jobs(apis: &[std::net::SocketAddr]) -> Result<u64, String> {
+    Ok(crate::scrape::total(apis, "pulse_moved_jobs_total").await? as u64)
 }

@@ -51,6 +51,7 @@ pub fn defaults() -> Defaults {
             instances: 0,
             http_connect_timeout: outbound.connect_timeout,
             http_first_byte_timeout: outbound.first_byte_timeout,
+            http_request_bytes: outbound.max_request_bytes,
             http_response_bytes: outbound.max_response_bytes,
             http_requests: outbound.max_requests,
         },

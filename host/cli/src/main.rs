@@ -7,11 +7,14 @@
 //!   workers, signals) and `adapter` (a plugin as a pool worker, the one
 //!   place that sees both).
 //! - `client`: the client commands, their output and exit codes.
+//! - `jobs_file`: `dispatch --from-file`, every line checked before any is
+//!   sent.
 //! - `embedded`: the private `redis-server` used when no URL is given.
 #![allow(clippy::print_stdout, reason = "the binary owns the output")]
 
 mod client;
 mod embedded;
+mod jobs_file;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -68,7 +71,8 @@ enum Command {
         #[arg(required_unless_present = "from_file")]
         key: Option<String>,
         /// JSON lines `{"key": "…", "payload": "…"}` (payload optional): one
-        /// job per line, dispatched 32 at a time.
+        /// job per line, dispatched 1,000 at a time. Every line is checked
+        /// first: if one is refused, none is sent.
         #[arg(long, conflicts_with_all = ["key", "payload", "payload_file"])]
         from_file: Option<PathBuf>,
         /// The payload, as text.
@@ -296,10 +300,13 @@ async fn client_command(
             return finish(read(&view, command).await);
         }
         Command::Dispatch { pool, from_file: Some(file), .. } => {
+            // Every line is checked before the pool is joined: a file with
+            // a refused line sends nothing.
+            let jobs = jobs_file::read(file, &options)?;
             let node = client::connect(client, pool, options).await?;
-            let result = client::dispatch_many(&node, file).await;
+            let code = jobs_file::dispatch(&node, &jobs).await;
             client::close(&node).await;
-            return result.map(ExitCode::from);
+            return Ok(ExitCode::from(code));
         }
         Command::Dispatch { pool, .. }
         | Command::Stop { pool, .. }

@@ -99,6 +99,7 @@ fn outbound(
         allowed,
         connect_timeout: limits.http_connect_timeout,
         first_byte_timeout: limits.http_first_byte_timeout,
+        max_request_bytes: limits.http_request_bytes,
         max_response_bytes: limits.http_response_bytes,
         max_requests: limits.http_requests,
         tls,

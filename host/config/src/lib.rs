@@ -272,6 +272,8 @@ pub struct Limits {
     pub http_connect_timeout: Duration,
     /// `http_first_byte_timeout` (also between two parts of a body).
     pub http_first_byte_timeout: Duration,
+    /// `http_request_bytes`: the largest body of a request a plugin sends.
+    pub http_request_bytes: u64,
     /// `http_response_bytes`.
     pub http_response_bytes: u64,
     /// `http_requests` in flight per instance.

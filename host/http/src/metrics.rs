@@ -61,29 +61,89 @@ pub fn install() -> PrometheusHandle {
         .clone()
 }
 
+/// What a metric is, for its `# TYPE` line.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+/// Every metric the host exports, with its kind, unit and `# HELP` text:
+/// the pool's, the runtime's and this crate's gauges read from Redis.
+/// docs/http.md's table lists exactly these (a test checks both, and that
+/// the pool and the runtime record no other).
+const METRICS: &[(&str, Kind, Option<metrics::Unit>, &str)] = {
+    use Kind::{Counter, Gauge, Histogram};
+    use metrics::Unit::{Bytes, Seconds};
+    &[
+        ("pulse_jobs", Gauge, None, "Jobs of the pool by state (running includes moving), read at scrape"),
+        ("pulse_workers", Gauge, None, "Workers of the pool, on every host"),
+        ("pulse_dispatch_seconds", Histogram, Some(Seconds), "Dispatch latency, from call to answer"),
+        ("pulse_dispatches_total", Counter, None, "Dispatches from this host by outcome"),
+        ("pulse_rebalances_total", Counter, None, "Times a worker here moved jobs after a slot-table change"),
+        (
+            "pulse_moved_jobs_total",
+            Counter,
+            None,
+            "Jobs workers here moved to the worker their key routes to",
+        ),
+        ("pulse_evictions_total", Counter, None, "Workers this host evicted because their lease expired"),
+        ("pulse_evicted_jobs_total", Counter, None, "Jobs of evicted workers, queued for their next worker"),
+        ("pulse_lease_renewals_failed_total", Counter, None, "Lease renewals that failed"),
+        (
+            "pulse_emits_dropped_total",
+            Counter,
+            None,
+            "Emitted events not written: their job had moved, or Redis refused",
+        ),
+        ("pulse_plugin_calls_total", Counter, None, "Guest calls by plugin, call and outcome"),
+        (
+            "pulse_plugin_instantiate_seconds",
+            Histogram,
+            Some(Seconds),
+            "Time to instantiate a plugin (pre-instantiated component)",
+        ),
+        ("pulse_plugin_memory_bytes", Gauge, Some(Bytes), "Linear memory of a plugin's live instances"),
+        ("pulse_plugin_instances", Gauge, None, "Live instances of a plugin"),
+        (
+            "pulse_plugin_log_lines_dropped_total",
+            Counter,
+            None,
+            "Log lines of a plugin's jobs dropped over their rate limit",
+        ),
+        (
+            "pulse_plugin_http_requests_total",
+            Counter,
+            None,
+            "Outgoing HTTP requests of a plugin by host and status class (or error)",
+        ),
+        (
+            "pulse_plugin_http_request_seconds",
+            Histogram,
+            Some(Seconds),
+            "Outgoing HTTP requests of a plugin, from sending to the response's head",
+        ),
+        (
+            "pulse_plugin_http_denied_total",
+            Counter,
+            None,
+            "Outgoing HTTP requests of a plugin denied or cancelled",
+        ),
+    ]
+};
+
 fn describe() {
-    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
-    describe_gauge!("pulse_jobs", "Jobs of the pool by state (running includes moving), read at scrape");
-    describe_gauge!("pulse_workers", "Workers of the pool, on every host");
-    describe_histogram!("pulse_dispatch_seconds", Unit::Seconds, "Dispatch latency, from call to answer");
-    describe_counter!("pulse_dispatches_total", "Dispatches from this host by outcome");
-    describe_counter!("pulse_rebalances_total", "Times a worker here moved jobs after a slot-table change");
-    describe_counter!("pulse_moved_jobs_total", "Jobs workers here moved to the worker their key routes to");
-    describe_counter!("pulse_evictions_total", "Workers this host evicted because their lease expired");
-    describe_counter!("pulse_evicted_jobs_total", "Jobs of evicted workers, queued for their next worker");
-    describe_counter!("pulse_lease_renewals_failed_total", "Lease renewals that failed");
-    describe_counter!(
-        "pulse_emits_dropped_total",
-        "Emitted events not written: their job had moved, or Redis refused"
-    );
-    describe_counter!("pulse_plugin_calls_total", "Guest calls by plugin, call and outcome");
-    describe_histogram!(
-        "pulse_plugin_instantiate_seconds",
-        Unit::Seconds,
-        "Time to instantiate a plugin (pre-instantiated component)"
-    );
-    describe_gauge!("pulse_plugin_memory_bytes", Unit::Bytes, "Linear memory of a plugin's live instances");
-    describe_gauge!("pulse_plugin_instances", "Live instances of a plugin");
+    for &(name, kind, unit, help) in METRICS {
+        match (kind, unit) {
+            (Kind::Counter, None) => metrics::describe_counter!(name, help),
+            (Kind::Counter, Some(unit)) => metrics::describe_counter!(name, unit, help),
+            (Kind::Gauge, None) => metrics::describe_gauge!(name, help),
+            (Kind::Gauge, Some(unit)) => metrics::describe_gauge!(name, unit, help),
+            (Kind::Histogram, None) => metrics::describe_histogram!(name, help),
+            (Kind::Histogram, Some(unit)) => metrics::describe_histogram!(name, unit, help),
+        }
+    }
 }
 
 /// `GET /metrics`.
@@ -110,4 +170,55 @@ pub(crate) async fn render(State(api): State<Api>) -> Result<Response, ApiError>
         .headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
     Ok(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::METRICS;
+
+    /// Every `"pulse_…"` string in `source`: the names a crate records.
+    fn recorded(source: &str) -> BTreeSet<&str> {
+        source
+            .split('"')
+            .skip(1)
+            .step_by(2)
+            .filter(|text| {
+                text.starts_with("pulse_") && text.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+            })
+            .collect()
+    }
+
+    /// The metric names in the first column of docs/http.md's table under
+    /// `## Metrics` (one cell may name several, each in backticks).
+    fn documented(doc: &str) -> BTreeSet<&str> {
+        let section = doc.split("\n## Metrics\n").nth(1).expect("docs/http.md has a `## Metrics` section");
+        let section = section.split("\n## ").next().unwrap_or(section);
+        section
+            .lines()
+            .filter_map(|line| line.strip_prefix("| `"))
+            .flat_map(|line| line.split(" |").next().unwrap_or_default().split(", "))
+            .map(|name| name.trim_matches('`'))
+            .collect()
+    }
+
+    #[test]
+    fn docs_http_md_lists_exactly_the_metrics_the_host_exports() {
+        let exported: BTreeSet<&str> = METRICS.iter().map(|(name, ..)| *name).collect();
+        // What `render` sets here, the pool and the runtime record.
+        let this = include_str!("metrics.rs");
+        let render = this.split("async fn render").nth(1).and_then(|rest| rest.split("#[cfg(test)]").next());
+        let mut sources = recorded(render.expect("this file has `render`"));
+        sources.extend(recorded(include_str!("../../pool/src/metrics.rs")));
+        sources.extend(recorded(include_str!("../../runtime/src/metrics.rs")));
+        assert_eq!(sources, exported, "METRICS (right) differs from what the host records (left)");
+        let documented = documented(include_str!("../../../docs/http.md"));
+        let missing: Vec<_> = exported.difference(&documented).collect();
+        let unknown: Vec<_> = documented.difference(&exported).collect();
+        assert!(
+            missing.is_empty() && unknown.is_empty(),
+            "docs/http.md's metrics table misses {missing:?} and lists {unknown:?}, which the host does not export"
+        );
+    }
 }

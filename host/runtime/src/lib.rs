@@ -17,7 +17,11 @@
 //! - `host`: the store's data and the host functions guests import.
 //! - `limits`: [`Limits`] per plugin and the store's resource limiter.
 //! - `bounds`: the sizes and rates a plugin controls, and their limits.
+//! - `outbound`: outgoing HTTP under [`Outbound`]: the allow-list, the
+//!   fence, the limits, and the sender (TLS with a plugin's own CAs).
 //! - `outputs`: [`JobOutputs`], the seam to the pool, and [`Recorder`].
+//! - `job`: [`Job`], as a handler receives it.
+//! - `metrics`: what the runtime records into the `metrics` facade.
 //! - `error`: [`LoadError`], [`CallError`], [`JobError`], [`HostRefusal`].
 //! - `bindings`: the one `bindgen!` of the WIT contract.
 //!

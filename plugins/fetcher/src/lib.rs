@@ -200,20 +200,18 @@ fn send(url: &str, run: &str, etag: &str, body: Option<&[u8]>) -> Result<Answer,
     }
     let outgoing = request.body().map_err(|()| "the request's body was taken already".to_owned())?;
     let pending = outgoing_handler::handle(request, None).map_err(|e| format!("{e:?}"))?;
-    if let Some(body) = body {
-        let stream = outgoing.write().map_err(|()| "the request's stream was taken already".to_owned())?;
-        for chunk in body.chunks(4096) {
-            stream.blocking_write_and_flush(chunk).map_err(|e| format!("{e:?}"))?;
-        }
-        drop(stream);
-    }
-    OutgoingBody::finish(outgoing, None).map_err(|e| format!("{e:?}"))?;
+    let written = body.map_or(Ok(()), |body| write_body(&outgoing, body));
+    let finished = written.and_then(|()| OutgoingBody::finish(outgoing, None).map_err(|e| format!("{e:?}")));
+    // When the host refuses the request (a body over its
+    // `http_request_bytes`), writing the body fails with `closed`: the
+    // reason is in the response, so it is asked for first.
     pending.subscribe().block();
     let response = match pending.get() {
         Some(Ok(Ok(response))) => response,
         Some(Ok(Err(code))) => return Err(format!("{code:?}")),
-        _ => return Err("no response".into()),
+        _ => return Err(finished.err().unwrap_or_else(|| "no response".into())),
     };
+    finished?;
     let status = response.status();
     let etag = response
         .headers()
@@ -238,6 +236,15 @@ fn send(url: &str, run: &str, etag: &str, body: Option<&[u8]>) -> Result<Answer,
     drop(stream);
     drop(IncomingBody::finish(body));
     Ok(Answer { status, etag, body: out })
+}
+
+/// Writes `body` to a request's `outgoing` body, 4 KiB at a time.
+fn write_body(outgoing: &OutgoingBody, body: &[u8]) -> Result<(), String> {
+    let stream = outgoing.write().map_err(|()| "the request's stream was taken already".to_owned())?;
+    for chunk in body.chunks(4096) {
+        stream.blocking_write_and_flush(chunk).map_err(|e| format!("{e:?}"))?;
+    }
+    Ok(())
 }
 
 /// FNV-1a, 64 bits: the same on every host and build.

@@ -1,7 +1,8 @@
 //! Client commands against a pool's Redis: `events` reads every entry up
 //! to the newest at the call, `dispatch --from-file` reports what it knows
-//! when Redis fails mid-batch, read-only commands leave no trace, a URL of
-//! the wrong form is refused before anything is written.
+//! when Redis fails mid-batch and sends nothing when a line is refused,
+//! read-only commands leave no trace, a URL of the wrong form is refused
+//! before anything is written.
 
 use pulse_testkit::RedisServer;
 
@@ -126,4 +127,41 @@ fn a_url_of_another_form_than_the_server_is_refused_before_anything_is_written()
     let mut conn = redis::Client::open(server.url()).unwrap().get_connection().unwrap();
     let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
     assert!(keys.is_empty(), "{keys:?}");
+}
+
+#[test]
+fn dispatch_from_file_checks_every_line_first_and_sends_nothing_when_one_is_refused() {
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &[], "");
+    let file = dir.path().join("jobs.jsonl");
+    let long_key = "k".repeat(1 << 20);
+    let lines = [
+        r#"{"key": "job-1", "payload": "p"}"#.to_owned(),
+        r#"{"key": "job-2"}"#.to_owned(),
+        format!(r#"{{"key": "{long_key}", "payload": "p"}}"#),
+        String::new(),
+        r#"{"key": "nul\u0000key", "payload": "p"}"#.to_owned(),
+        r#"{"key": "job-6", "payload": "p"}"#.to_owned(),
+    ];
+    std::fs::write(&file, lines.join("\n")).unwrap();
+    let file_arg = file.to_str().unwrap();
+    let (code, stdout, stderr) =
+        crate::cli_all(&config, server.url(), &["dispatch", "--pool", "refused", "--from-file", file_arg]);
+    assert_eq!(code, 1, "stdout: {stdout}\nstderr: {stderr}");
+    assert!(stdout.is_empty(), "no job was dispatched: {stdout}");
+    assert!(!stderr.contains("unknown"), "a refused line was never sent: {stderr}");
+    let refused: Vec<&str> = stderr.lines().filter(|l| l.starts_with("not sent: ")).collect();
+    assert_eq!(refused.len(), 2, "each refused line, once: {stderr}");
+    let (long, nul) = (refused[0], refused[1]);
+    assert!(long.contains(&format!("{file_arg}:3:")) && long.contains("1048576 bytes"), "{long}");
+    assert!(nul.contains(&format!("{file_arg}:5:")) && nul.contains("control character"), "{nul}");
+    for line in [long, nul] {
+        assert!(line.contains("1 to 256 bytes"), "what is allowed: {line}");
+        assert!(line.len() < 400, "the key is cut short: {line}");
+    }
+    assert!(stderr.contains("nothing was sent"), "{stderr}");
+    let mut conn = redis::Client::open(server.url()).unwrap().get_connection().unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
+    assert!(keys.is_empty(), "nothing was written: {keys:?}");
 }

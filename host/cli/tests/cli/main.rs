@@ -4,6 +4,8 @@
 //! - `bounds`: a hostile plugin against the host's limits.
 //! - `check`: configurations and plugins refused with precise messages.
 //! - `clients`: client commands: events in full, read-only listings.
+//! - `docs`: the commands and options docs/cli.md and the README show
+//!   against the binary's `--help`.
 //! - `exposure`: HTTP clients that are slow, idle, too many or foreign;
 //!   the token; Redis over TLS with an ACL user; no secret printed.
 //! - `hosting`: a host runs plugins as workers; the CLI drives their jobs.
@@ -18,6 +20,7 @@
 mod bounds;
 mod check;
 mod clients;
+mod docs;
 mod exposure;
 mod hosting;
 mod http;

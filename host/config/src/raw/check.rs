@@ -118,11 +118,17 @@ impl Check<'_> {
                 d.http_first_byte_timeout,
                 OUTBOUND_TIMEOUT,
             ),
+            http_request_bytes: self.size(
+                "limits.http_request_bytes",
+                limits.http_request_bytes.as_ref(),
+                d.http_request_bytes,
+                HTTP_BODY_BYTES,
+            ),
             http_response_bytes: self.size(
                 "limits.http_response_bytes",
                 limits.http_response_bytes.as_ref(),
                 d.http_response_bytes,
-                HTTP_RESPONSE_BYTES,
+                HTTP_BODY_BYTES,
             ),
             http_requests: self.count(
                 "limits.http_requests",
@@ -191,23 +197,16 @@ impl Check<'_> {
         base: &Path,
         raw: std::collections::BTreeMap<String, Spanned<super::RawSetting>>,
     ) -> std::collections::BTreeMap<String, crate::Setting> {
-        use super::RawSetting;
+        use super::setting::Source;
         let mut settings = std::collections::BTreeMap::new();
         for (name, value) in raw {
-            let setting = match value.get_ref() {
-                RawSetting::Text(text) => crate::Setting::Plain(text.clone()),
-                RawSetting::Other(other) => {
-                    self.problem(
-                        &value,
-                        format!(
-                            "setting `{name}` is {} {other}; a setting is a string (\"text\"), \
-                             {{ env = \"VARIABLE\" }} or {{ file = \"path\" }} (write a number as \"{other}\")",
-                            other.type_str()
-                        ),
-                    );
+            let setting = match value.get_ref().source() {
+                Ok(Source::Text(text)) => crate::Setting::Plain(text.to_owned()),
+                Err(why) => {
+                    self.problem(&value, format!("setting `{name}`{why}"));
                     continue;
                 }
-                RawSetting::Env { env } => match std::env::var(env) {
+                Ok(Source::Env(env)) => match std::env::var(env) {
                     Ok(text) => crate::Setting::Secret(crate::Secret::new(text)),
                     Err(_) => {
                         self.problem(
@@ -217,7 +216,7 @@ impl Check<'_> {
                         continue;
                     }
                 },
-                RawSetting::File { file } => {
+                Ok(Source::File(file)) => {
                     let path = base.join(file);
                     match std::fs::read_to_string(&path) {
                         // A file written by `echo` ends with a newline that

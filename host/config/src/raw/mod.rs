@@ -3,6 +3,7 @@
 
 mod check;
 mod choice;
+mod setting;
 #[cfg(test)]
 mod tests;
 
@@ -14,6 +15,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use check::Check;
+use setting::RawSetting;
 use toml::Spanned;
 
 use crate::units::{self, DURATION_FORMS, SIZE_FORMS};
@@ -41,7 +43,7 @@ const MEMORY: RangeInclusive<u64> = (64 << 10)..=(4 << 30);
 const CALL_TIMEOUT: RangeInclusive<Duration> = millis(1)..=secs(3600);
 const FUEL: RangeInclusive<u64> = 1..=(1 << 60);
 const OUTBOUND_TIMEOUT: RangeInclusive<Duration> = millis(1)..=secs(3600);
-const HTTP_RESPONSE_BYTES: RangeInclusive<u64> = 1..=(1 << 30);
+const HTTP_BODY_BYTES: RangeInclusive<u64> = 1..=(1 << 30);
 const HTTP_REQUESTS: RangeInclusive<u64> = 1..=1000;
 // 0: this host runs none of the pool's jobs; it dispatches into it (its API
 // answers for it) while other hosts run them.
@@ -151,24 +153,6 @@ struct Schedule {
     settings: BTreeMap<String, Spanned<RawSetting>>,
 }
 
-/// A setting's value: written out, or read from an environment variable
-/// or a file (a secret: never printed).
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum RawSetting {
-    Text(String),
-    Env {
-        env: String,
-    },
-    File {
-        file: String,
-    },
-    /// Anything else (a number, a list, another table): kept, so the
-    /// check can name the setting and its line instead of serde's "did
-    /// not match any variant".
-    Other(toml::Value),
-}
-
 #[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct PluginLimits {
@@ -178,6 +162,7 @@ struct PluginLimits {
     instances: Option<Spanned<u64>>,
     http_connect_timeout: Option<Spanned<String>>,
     http_first_byte_timeout: Option<Spanned<String>>,
+    http_request_bytes: Option<Spanned<String>>,
     http_response_bytes: Option<Spanned<String>>,
     http_requests: Option<Spanned<u64>>,
 }

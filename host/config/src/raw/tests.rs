@@ -34,6 +34,7 @@ fn defaults() -> Defaults {
             instances: 0,
             http_connect_timeout: Duration::from_secs(2),
             http_first_byte_timeout: Duration::from_secs(4),
+            http_request_bytes: 3 << 20,
             http_response_bytes: 1 << 20,
             http_requests: 3,
         },
@@ -305,4 +306,29 @@ fn replicas_to_confirm_on_are_taken_up_to_sixteen() {
         error.to_string().contains("`node.confirm_replicas` = 17 is out of range: allowed are 0 to 16"),
         "{error}"
     );
+}
+
+#[test]
+fn a_setting_table_is_exactly_one_of_env_or_file_and_anything_else_is_refused_with_its_line() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("p.wasm"), b"").unwrap();
+    std::fs::write(dir.path().join("y"), "from-a-file\n").unwrap();
+    let forms = "a setting is a string (\"text\"), { env = \"NAME\" } or { file = \"path\" }";
+    for (setting, wrong) in [
+        ("{ env = \"PATH\", extra = 1 }", "`extra` is not a key of a setting table"),
+        ("{ file = \"y\", extra = \"secret-value\" }", "`extra` is not a key of a setting table"),
+        ("{ env = \"PATH\", file = \"y\" }", "has both `env` and `file`"),
+        ("{ vault = \"x\" }", "`vault` is not a key of a setting table"),
+        ("{ env = 1 }", "`env` is integer 1, not a string"),
+        ("{}", "is an empty table"),
+    ] {
+        let text =
+            format!("[[plugin]]\nname = \"p\"\npath = \"p.wasm\"\n\n[plugin.settings]\na = {setting}\n");
+        let message = parse(&dir.path().join("config.toml"), &text).unwrap_err().to_string();
+        assert!(message.contains("config.toml:6: setting `a`"), "{setting}: its line: {message}");
+        assert!(message.contains(wrong), "{setting}: what was wrong: {message}");
+        assert!(message.contains(forms), "{setting}: the forms allowed: {message}");
+        assert!(!message.contains("write a number"), "{setting}: not a number: {message}");
+        assert!(!message.contains("secret-value"), "{setting}: values are not shown: {message}");
+    }
 }

@@ -36,19 +36,25 @@ use crate::outputs::JobOutputs;
 
 /// What a plugin may reach over HTTP, and within which limits.
 ///
-/// Defaults: no destination allowed; `connect_timeout` 5 s;
-/// `first_byte_timeout` 10 s (also between two frames of the body);
+/// Defaults: no destination allowed; `connect_timeout` 5 s (for the
+/// whole connection: TCP, then TLS); `first_byte_timeout` 10 s (also
+/// between two frames of the body); `max_request_bytes` 8 MiB;
 /// `max_response_bytes` 4 MiB; `max_requests` 8 in flight per instance;
 /// `tls` trusts the webpki roots.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outbound {
     /// The destinations requests may go to.
     pub allowed: Vec<AllowedHost>,
-    /// Longest wait for a connection.
+    /// Longest wait for a connection: resolving the name, connecting and
+    /// the TLS handshake together.
     pub connect_timeout: Duration,
     /// Longest wait for the response's head, and between two frames of its
     /// body.
     pub first_byte_timeout: Duration,
+    /// Largest request body a plugin may send, in bytes: a request that
+    /// declares a larger one is not sent, and one whose body streams past
+    /// it is cut off; either fails with `HTTP-request-body-size`.
+    pub max_request_bytes: u64,
     /// Largest response body, in bytes.
     pub max_response_bytes: u64,
     /// Requests one instance may have in flight at once.
@@ -63,6 +69,10 @@ impl Default for Outbound {
             allowed: Vec::new(),
             connect_timeout: Duration::from_secs(5),
             first_byte_timeout: Duration::from_secs(10),
+            // 8 MiB: a job's payload (at most 1 MiB by default) forwarded
+            // with room to spare, far below what one request could tie up
+            // otherwise (an instance's whole memory, 64 MiB by default).
+            max_request_bytes: 8 << 20,
             max_response_bytes: 4 << 20,
             max_requests: 8,
             tls: OutboundTls::default(),
@@ -169,6 +179,7 @@ impl WasiHttpHooks for OutboundHooks {
             connect: shorter(options.and_then(|o| o.connect_timeout), rules.connect_timeout),
             first_byte: shorter(options.and_then(|o| o.first_byte_timeout), rules.first_byte_timeout),
             between_bytes: shorter(options.and_then(|o| o.between_bytes_timeout), rules.first_byte_timeout),
+            request_bytes: rules.max_request_bytes,
             body_bytes: rules.max_response_bytes,
             still_runs,
         };

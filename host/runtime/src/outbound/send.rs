@@ -1,5 +1,6 @@
 //! Sending an allowed request: one connection per request (HTTP/1.1,
-//! through rustls for `https`), each step within its timeout.
+//! through rustls for `https`), each step within its timeout, and a body
+//! within its size.
 //!
 //! The same steps as wasmtime-wasi-http's `default_send_request`, with the
 //! TLS configuration built once per plugin rather than per request, and
@@ -107,12 +108,16 @@ pub(super) type StillRuns = Arc<dyn Fn() -> bool + Send + Sync>;
 /// body) checks that its job may still run.
 pub(super) const FENCE_CHECK: Duration = Duration::from_millis(50);
 
-/// The timeouts of one request, the size of its response's body, and the
-/// fence its body is read under.
+/// The timeouts of one request, the sizes of its body and its response's
+/// body, and the fence its body is read under.
 pub(super) struct Bounds {
+    /// For the whole connection: name resolution, TCP and TLS together.
     pub connect: Duration,
     pub first_byte: Duration,
     pub between_bytes: Duration,
+    /// The request's body, at most.
+    pub request_bytes: u64,
+    /// The response's body, at most.
     pub body_bytes: u64,
     /// `None`: not fenced (a producer's request).
     pub still_runs: Option<StillRuns>,
@@ -125,12 +130,26 @@ impl<T: AsyncRead + AsyncWrite + Send + Sync + Unpin + 'static> Io for T {}
 
 /// Sends `request` to the authority of its URI (already checked against
 /// the allow-list) and returns the response's head with its body, and the
-/// connection's own end.
+/// connection's own end. A request whose body is declared larger than
+/// `bounds.request_bytes` is not sent; one whose body streams past it is
+/// cut off.
 pub(super) async fn send(
-    mut request: http::Request<WasiBody>,
+    request: http::Request<WasiBody>,
     bounds: Bounds,
     tls: &OutboundTls,
 ) -> Result<(http::Response<WasiBody>, Sent), HttpError> {
+    let limit = bounds.request_bytes;
+    let too_large = || HttpError::HttpRequestBodySize(Some(limit));
+    let declared = request
+        .headers()
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|length| length.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > limit)
+        || http_body::Body::size_hint(request.body()).lower() > limit
+    {
+        return Err(too_large());
+    }
+    let mut request = request.map(|body| LimitedBody { body, left: limit, limit }.boxed_unsync());
     let uri = request.uri();
     let authority = uri.authority().ok_or(HttpError::HttpRequestUriInvalid)?;
     let https = uri.scheme() == Some(&http::uri::Scheme::HTTPS);
@@ -138,7 +157,10 @@ pub(super) async fn send(
     let port = authority.port_u16().unwrap_or(if https { 443 } else { 80 });
     // An IPv6 address keeps its brackets in the URI, not in the name.
     let bare = host.trim_start_matches('[').trim_end_matches(']').to_owned();
-    let tcp = match tokio::time::timeout(bounds.connect, TcpStream::connect((bare.as_str(), port))).await {
+    // One deadline for every step of connecting, so that a slow TCP
+    // connection leaves the TLS handshake only what remains of it.
+    let deadline = tokio::time::Instant::now() + bounds.connect;
+    let tcp = match tokio::time::timeout_at(deadline, TcpStream::connect((bare.as_str(), port))).await {
         Ok(tcp) => tcp.map_err(HttpError::Connect)?,
         Err(_) => return Err(HttpError::ConnectionTimeout),
     };
@@ -149,7 +171,7 @@ pub(super) async fn send(
             Err(_) => ServerName::try_from(bare).map_err(|_| HttpError::HttpRequestUriInvalid)?,
         };
         let connector = tokio_rustls::TlsConnector::from(tls.config.clone());
-        match tokio::time::timeout(bounds.connect, connector.connect(name, tcp)).await {
+        match tokio::time::timeout_at(deadline, connector.connect(name, tcp)).await {
             Ok(Ok(stream)) => Box::new(stream),
             Ok(Err(error)) => {
                 tracing::warn!(%host, port, error = %error, "TLS handshake of an outgoing request failed");
@@ -162,7 +184,7 @@ pub(super) async fn send(
     };
     let handshake = hyper::client::conn::http1::Builder::new().handshake(TokioIo::new(stream));
     let (mut sender, connection) =
-        tokio::time::timeout(bounds.connect, handshake).await.map_err(|_| HttpError::ConnectionTimeout)??;
+        tokio::time::timeout_at(deadline, handshake).await.map_err(|_| HttpError::ConnectionTimeout)??;
     // The request line names the path only: scheme and authority are for
     // a proxy.
     let path = request.uri().path_and_query().map_or("/", |p| p.as_str()).to_owned();
@@ -172,7 +194,8 @@ pub(super) async fn send(
     let response = async move {
         let response = tokio::time::timeout(bounds.first_byte, sender.send_request(request))
             .await
-            .map_err(|_| HttpError::ConnectionReadTimeout)??;
+            .map_err(|_| HttpError::ConnectionReadTimeout)?
+            .map_err(|error| request_error(error, limit))?;
         Ok::<_, HttpError>(response)
     };
     let mut response = pin!(response);
@@ -186,7 +209,7 @@ pub(super) async fn send(
             connection = None;
             match ended {
                 Ok(()) => response.as_mut().poll(cx),
-                Err(error) => Poll::Ready(Err(HttpError::from(error))),
+                Err(error) => Poll::Ready(Err(request_error(error, limit))),
             }
         }
     })
@@ -199,6 +222,55 @@ pub(super) async fn send(
         })
     });
     Ok((response, rest))
+}
+
+/// The wasi-http error of a request that failed while it was sent:
+/// `HTTP-request-body-size` when its body passed the limit ([`LimitedBody`]),
+/// otherwise what hyper says.
+fn request_error(error: hyper::Error, limit: u64) -> HttpError {
+    let source = std::error::Error::source(&error).and_then(|source| source.downcast_ref::<HttpError>());
+    match source {
+        Some(HttpError::HttpRequestBodySize(_)) => HttpError::HttpRequestBodySize(Some(limit)),
+        _ => HttpError::from(error),
+    }
+}
+
+/// A request body that fails with `HTTP-request-body-size` once it passes
+/// `limit` bytes; hyper then abandons the request and closes its
+/// connection, so the server never sees the body's end.
+struct LimitedBody {
+    body: WasiBody,
+    left: u64,
+    limit: u64,
+}
+
+impl http_body::Body for LimitedBody {
+    type Data = Bytes;
+    type Error = HttpError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, HttpError>>> {
+        let frame = ready!(Pin::new(&mut self.body).poll_frame(cx));
+        if let Some(Ok(frame)) = &frame {
+            let size = frame.data_ref().map_or(0, |data| data.len() as u64);
+            if size > self.left {
+                self.left = 0;
+                return Poll::Ready(Some(Err(HttpError::HttpRequestBodySize(Some(self.limit)))));
+            }
+            self.left -= size;
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        http_body::Body::is_end_stream(&self.body)
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::Body::size_hint(&self.body)
+    }
 }
 
 /// The wasi-http error of a failed TLS handshake: an untrusted or
@@ -288,5 +360,84 @@ impl http_body::Body for Bounded {
 
     fn size_hint(&self) -> http_body::SizeHint {
         http_body::Body::size_hint(&self.incoming)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A body of `n` frames of 1 KiB whose size is not known in advance
+    /// (sent chunked).
+    struct Frames(usize);
+
+    impl http_body::Body for Frames {
+        type Data = Bytes;
+        type Error = HttpError;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<http_body::Frame<Bytes>, HttpError>>> {
+            if self.0 == 0 {
+                return Poll::Ready(None);
+            }
+            self.0 -= 1;
+            Poll::Ready(Some(Ok(http_body::Frame::data(Bytes::from(vec![b'x'; 1024])))))
+        }
+    }
+
+    fn bounds(request_bytes: u64) -> Bounds {
+        Bounds {
+            connect: Duration::from_secs(5),
+            first_byte: Duration::from_secs(5),
+            between_bytes: Duration::from_secs(5),
+            request_bytes,
+            body_bytes: 1 << 20,
+            still_runs: None,
+        }
+    }
+
+    fn post(address: std::net::SocketAddr, body: WasiBody, length: Option<u64>) -> http::Request<WasiBody> {
+        let mut request = http::Request::post(format!("http://{address}/"));
+        if let Some(length) = length {
+            request = request.header(http::header::CONTENT_LENGTH, length);
+        }
+        request.body(body).expect("a valid request")
+    }
+
+    #[tokio::test]
+    async fn a_body_streamed_past_the_limit_is_cut_off_with_the_body_size_error() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        // Reads the connection until the client closes it.
+        let server = async {
+            let (mut connection, _) = listener.accept().await.unwrap();
+            let mut received = Vec::new();
+            let _ = tokio::io::AsyncReadExt::read_to_end(&mut connection, &mut received).await;
+            received.len()
+        };
+        let request = post(address, Frames(5).boxed_unsync(), None);
+        let tls = OutboundTls::default();
+        let (sent, received) = tokio::join!(send(request, bounds(3000), &tls), server);
+        assert!(
+            matches!(sent, Err(HttpError::HttpRequestBodySize(Some(3000)))),
+            "{:?}",
+            sent.err().map(|e| e.to_string())
+        );
+        assert!(received < 5 * 1024, "the whole body reached the server: {received} bytes");
+    }
+
+    #[tokio::test]
+    async fn a_body_declared_larger_than_the_limit_is_not_sent_at_all() {
+        // Nothing listens there: a connection attempt would fail otherwise.
+        let address = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let request = post(address, Frames(5).boxed_unsync(), Some(5 * 1024));
+        let sent = send(request, bounds(3000), &OutboundTls::default()).await;
+        assert!(
+            matches!(sent, Err(HttpError::HttpRequestBodySize(Some(3000)))),
+            "{:?}",
+            sent.err().map(|e| e.to_string())
+        );
     }
 }

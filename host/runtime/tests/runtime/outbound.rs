@@ -1,9 +1,9 @@
 //! Outgoing HTTP of plugins (`fetcher`), against a server on loopback:
 //! allowed destinations reached, others denied before anything is sent,
-//! limits, the fence, and state that keeps a moved job from emitting an
-//! unchanged body again.
+//! limits (a request body too large, a slow connection), the fence, and
+//! state that keeps a moved job from emitting an unchanged body again.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use pulse_runtime::{
     AllowedHost, CallError, Isolation, Job, Outbound, OutboundTls, Plugin, PluginOptions, Recorder, Runtime,
@@ -149,6 +149,86 @@ async fn a_slow_server_meets_the_timeout_and_a_big_body_the_size_limit() {
         matches!(emitted.as_slice(), [event] if event.starts_with("error ") && event.contains("body size") && event.contains("1024")),
         "{emitted:?}"
     );
+}
+
+#[tokio::test]
+async fn a_request_body_over_the_limit_is_not_sent_and_the_plugin_is_told_why() {
+    let server = HttpServer::start();
+    server.set("/echo", b"");
+    let limits = Outbound { max_request_bytes: 1024, ..Outbound::default() };
+    let (_runtime, plugin) = fetcher(&server, limits);
+    let (runner, recorder) = runner(&plugin);
+    runner.start(job("push", &server.url("/echo"))).await.unwrap();
+    runner.notify("push", vec![b'a'; 1024]).await.unwrap();
+    assert_eq!(recorder.emitted("push").last().map(Vec::len), Some(4 + 1024), "a body at the limit is sent");
+    // Just over, and far over: the host stops reading the body at once,
+    // so the guest's writes fail too, and the response says why.
+    for size in [1025, 1 << 20] {
+        runner.notify("push", vec![b'b'; size]).await.unwrap();
+        let emitted = texts(&recorder.emitted("push"));
+        assert!(
+            matches!(emitted.last(), Some(event) if event.starts_with("error ") && event.contains("HttpRequestBodySize") && event.contains("1024")),
+            "{size} bytes: {:?}",
+            emitted.last()
+        );
+    }
+    let posts: Vec<usize> =
+        server.received().iter().filter(|r| r.method == "POST").map(|r| r.body.len()).collect();
+    assert_eq!(posts, [1024], "the body over the limit reached the server");
+}
+
+/// How many connections the kernel dropped because a listener's accept
+/// queue was full (`ListenOverflows` in /proc/net/netstat).
+fn listen_overflows() -> u64 {
+    let netstat = std::fs::read_to_string("/proc/net/netstat").unwrap();
+    let mut lines = netstat.lines().filter(|line| line.starts_with("TcpExt:"));
+    let (names, values) = (lines.next().unwrap(), lines.next().unwrap());
+    let at = names.split_whitespace().position(|name| name == "ListenOverflows").unwrap();
+    values.split_whitespace().nth(at).unwrap().parse().unwrap()
+}
+
+#[tokio::test]
+async fn the_connect_timeout_bounds_the_tcp_connection_and_the_tls_handshake_together() {
+    // A listener whose accept queue is full (one connection that nobody
+    // accepts): the kernel drops the fetcher's SYN, and takes it when the
+    // fetcher sends it again, 1 s later, once the queue has room. Then
+    // the server never answers the TLS handshake.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let listener = socket.listen(0).unwrap();
+    let address = listener.local_addr().unwrap();
+    let _waiting = std::net::TcpStream::connect(address).unwrap();
+    let dropped = listen_overflows();
+    let connect_timeout = Duration::from_millis(1500);
+    let allowed = vec![format!("https://{address}").parse::<AllowedHost>().unwrap()];
+    let limits = Outbound { allowed, connect_timeout, ..Outbound::default() };
+    let options = PluginOptions { outbound: limits, ..options(Isolation::Job, &[]) };
+    let runtime = runtime();
+    let plugin = load(&runtime, FETCHER, options);
+    let (runner, recorder) = runner(&plugin);
+    let began = Instant::now();
+    let ((started, took), (connected, _silent)) = tokio::join!(
+        async { (runner.start(job("slow", &format!("https://{address}/"))).await, began.elapsed()) },
+        async {
+            while listen_overflows() == dropped {
+                assert!(began.elapsed() < PATIENCE, "the kernel never dropped the fetcher's SYN");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let _room = listener.accept().await.unwrap();
+            let silent = listener.accept().await.unwrap();
+            (began.elapsed(), silent)
+        }
+    );
+    started.unwrap();
+    assert!(connected > Duration::from_millis(800), "TCP took most of the timeout: {connected:?}");
+    let emitted = texts(&recorder.emitted("slow"));
+    assert!(
+        matches!(emitted.as_slice(), [event] if event.starts_with("error ") && event.contains("ConnectionTimeout")),
+        "{emitted:?}"
+    );
+    // TCP and TLS share the 1.5 s: the handshake gets what TCP left, not
+    // 1.5 s of its own.
+    assert!(took < connect_timeout + Duration::from_millis(500), "the connection took {took:?}");
 }
 
 #[tokio::test]
