@@ -25,7 +25,10 @@
 //!   batches in flight). Default: all but `slow-serial`.
 //!   Redis commands and CPU per job. Options: `--jobs N` (default 20,000;
 //!   5,000 for `echo-job`, 2,000 for `slow`, 400 for `slow-serial`),
-//!   `--redis URL` (default: a private `redis-server`).
+//!   `--redis URL` (default: a private `redis-server`),
+//!   `--confirm-replicas N` (the dispatching node confirms a start only
+//!   once N replicas hold it; given without `--redis`, 0 too, the private
+//!   server is on TCP with a replica).
 //! - `fetch`: two hosts run 1,000 `fetcher` jobs that poll a loopback
 //!   server answering in 20 ms, once a second each: requests per second
 //!   (against 1,000 asked), the hosts' request latency (mean, p99 bucket)
@@ -72,7 +75,7 @@ use std::process::ExitCode;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-const USAGE: &str = "usage: pulse-bench SCENARIO [--quick] [--jobs N] [--redis URL]\nscenarios: runtime [echo|python-echo|js-echo]..., dispatch [noop|echo-job|echo-worker|echo-http|slow|slow-serial|batch]..., idle, fetch, failover, rebalance, ticker, rollout";
+const USAGE: &str = "usage: pulse-bench SCENARIO [--quick] [--jobs N] [--redis URL] [--confirm-replicas N]\nscenarios: runtime [echo|python-echo|js-echo]..., dispatch [noop|echo-job|echo-worker|echo-http|slow|slow-serial|batch]..., idle, fetch, failover, rebalance, ticker, rollout";
 
 /// Parsed command line.
 #[derive(Debug)]
@@ -87,13 +90,25 @@ pub struct Args {
     pub pool: Option<String>,
     /// `--workers N` (worker processes).
     pub workers: Option<usize>,
+    /// `--confirm-replicas N` (dispatch): the dispatching node's
+    /// `confirm_replicas`; when given without `--redis` (0 too, for a
+    /// comparison on the same set-up), the scenario's server is on TCP
+    /// with a replica.
+    pub confirm_replicas: Option<u32>,
     /// Everything else, in order.
     pub rest: Vec<String>,
 }
 
 fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
-    let mut parsed =
-        Args { quick: false, jobs: None, redis: None, pool: None, workers: None, rest: Vec::new() };
+    let mut parsed = Args {
+        quick: false,
+        jobs: None,
+        redis: None,
+        pool: None,
+        workers: None,
+        confirm_replicas: None,
+        rest: Vec::new(),
+    };
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--quick" => parsed.quick = true,
@@ -109,6 +124,15 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
                 parsed.workers = Some(
                     value.parse().map_err(|_| format!("--workers takes a whole number, got {value:?}"))?,
                 );
+            }
+            "--confirm-replicas" => {
+                let value = args.next().ok_or("--confirm-replicas needs a number")?;
+                parsed.confirm_replicas = value
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|n| (0..=16).contains(n))
+                    .ok_or_else(|| format!("--confirm-replicas takes 0 to 16, got {value:?}"))
+                    .map(Some)?;
             }
             other if other.starts_with("--") => return Err(format!("unknown option {other}")),
             _ => parsed.rest.push(arg),

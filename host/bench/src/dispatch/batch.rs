@@ -18,7 +18,7 @@ pub(super) async fn measure(
     handler: Handler,
     lanes: usize,
     jobs: usize,
-    running: usize,
+    (running, confirm): (usize, u32),
 ) -> Result<Vec<String>, Box<dyn std::error::Error>> {
     let keys: Vec<String> = (0..jobs).map(|i| key_of(lanes, i)).collect();
     let batches: Vec<Vec<(String, Vec<u8>)>> = keys
@@ -60,6 +60,7 @@ pub(super) async fn measure(
         .field("workers", WORKERS)
         .field("jobs", jobs)
         .field("running_before", running)
+        .field("confirm_replicas", confirm)
         .field("rate_per_s", format!("{:.0}", confirmed as f64 / elapsed.as_secs_f64()))
         .millis("batch_p50_ms", percentile(&mut times, 50.0))
         .millis("batch_max_ms", percentile(&mut times, 100.0))

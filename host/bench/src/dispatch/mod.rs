@@ -159,11 +159,18 @@ pub fn run(args: &Args) -> BenchResult {
             .collect::<Result<Vec<_>, _>>()?
             .concat(),
     };
-    let server = match &args.redis {
-        Some(_) => None,
-        None => Some(pulse_testkit::RedisServer::start()),
+    // With confirmations, a primary on TCP with a replica in sync.
+    let (server, _replica) = match (&args.redis, args.confirm_replicas) {
+        (Some(_), _) => (None, None),
+        (None, None) => (Some(pulse_testkit::RedisServer::start()), None),
+        (None, Some(_)) => {
+            let primary = pulse_testkit::RedisServer::start_tcp_with(&[]);
+            let replica = pulse_testkit::start_replica(&primary);
+            (Some(primary), Some(replica))
+        }
     };
     let url = args.redis.clone().or_else(|| server.as_ref().map(|s| s.url().to_owned())).ok_or("no Redis")?;
+    let confirm = args.confirm_replicas.unwrap_or(0);
     let config_dir = tempfile::tempdir()?;
     let tokio = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     for handler in handlers {
@@ -176,7 +183,8 @@ pub fn run(args: &Args) -> BenchResult {
         };
         let result = tokio.block_on(async {
             let client = pulse_redis::Redis::open(url.as_str())?;
-            let node = Arc::new(Node::client(&client, &pool, NodeOptions::default()).await?);
+            let options = NodeOptions { confirm_replicas: confirm, ..NodeOptions::default() };
+            let node = Arc::new(Node::client(&client, &pool, options).await?);
             wait_for_workers(&node, WORKERS, std::slice::from_mut(&mut workers)).await?;
             let dispatcher = match api {
                 Some(address) => Dispatcher::http(address, &pool).await?,
@@ -187,9 +195,20 @@ pub fn run(args: &Args) -> BenchResult {
             for &concurrency in handler.dispatchers() {
                 let keys = match handler {
                     Handler::Batch | Handler::BatchHttp => {
-                        batch::measure(&dispatcher, &mut stats, handler, concurrency, jobs, running).await?
+                        batch::measure(
+                            &dispatcher,
+                            &mut stats,
+                            handler,
+                            concurrency,
+                            jobs,
+                            (running, confirm),
+                        )
+                        .await?
                     }
-                    _ => measure(&dispatcher, &mut stats, handler, concurrency, jobs, running).await?,
+                    _ => {
+                        measure(&dispatcher, &mut stats, handler, concurrency, jobs, (running, confirm))
+                            .await?
+                    }
                 };
                 if handler.instance_per_job() {
                     // Each live job holds an instance: stop them, so the
@@ -247,7 +266,7 @@ async fn measure(
     handler: Handler,
     concurrency: usize,
     jobs: usize,
-    running: usize,
+    (running, confirm): (usize, u32),
 ) -> Result<Vec<String>, Box<dyn std::error::Error>> {
     let before = Commandstats::read(stats).await?;
     let started = Instant::now();
@@ -292,6 +311,7 @@ async fn measure(
         .field("workers", WORKERS)
         .field("jobs", jobs)
         .field("running_before", running)
+        .field("confirm_replicas", confirm)
         .field("rate_per_s", format!("{:.0}", jobs as f64 / elapsed.as_secs_f64()))
         .millis("p50_ms", percentile(&mut all, 50.0))
         .millis("p90_ms", percentile(&mut all, 90.0))
