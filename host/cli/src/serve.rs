@@ -173,7 +173,11 @@ pub(crate) async fn record_claim(node: &Node, config: &PluginConfig, identity: &
 }
 
 pub(crate) fn worker_options(config: &PluginConfig, release: &Release) -> WorkerOptions {
-    WorkerOptions { max_concurrent_calls: config.max_concurrent_calls, release: release.clone() }
+    WorkerOptions {
+        max_concurrent_calls: config.max_concurrent_calls,
+        release: release.clone(),
+        ..WorkerOptions::default()
+    }
 }
 
 impl<'a> Host<'a> {

@@ -93,7 +93,8 @@ impl Default for NodeOptions {
 /// Options of one worker.
 ///
 /// Defaults: `max_concurrent_calls`: 32 (calls of different jobs a
-/// worker makes at once; 1 makes it one call at a time); `release`: empty.
+/// worker makes at once; 1 makes it one call at a time); `release`: empty;
+/// `inbox_entries` 1,024 and `inbox_bytes` 8 MiB.
 #[derive(Debug, Clone)]
 pub struct WorkerOptions {
     /// Handler calls of different jobs a worker makes at once. Calls for
@@ -102,11 +103,23 @@ pub struct WorkerOptions {
     pub max_concurrent_calls: usize,
     /// What the worker runs, as the pool's listings show it.
     pub release: Release,
+    /// Entries of its inbox a worker holds read ahead, at most; beyond
+    /// them it stops reading (what it has not read stays in Redis, and no
+    /// entry is skipped).
+    pub inbox_entries: usize,
+    /// Bytes of inbox entries a worker holds read ahead, at most (an entry
+    /// larger than this is still read, alone).
+    pub inbox_bytes: usize,
 }
 
 impl Default for WorkerOptions {
     fn default() -> Self {
-        Self { max_concurrent_calls: 32, release: Release::default() }
+        Self {
+            max_concurrent_calls: 32,
+            release: Release::default(),
+            inbox_entries: 1024,
+            inbox_bytes: 8 << 20,
+        }
     }
 }
 

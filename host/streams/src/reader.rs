@@ -1,18 +1,21 @@
 //! [`Reader`]: every reader sees every event of its stream, in order.
 //!
 //! The reading task starts with the first subscription, so no event is
-//! read before anyone can receive it. Each subscriber has a bounded queue: a
-//! subscriber that falls behind does not stall the others; it stops
-//! receiving, and once it has read what was queued it gets
-//! [`ReaderEvent::Lagged`] with the id to resume after (with a new reader
-//! from [`crate::Start::After`]).
+//! read before anyone can receive it. Each subscriber has a queue bounded
+//! by events and by bytes. What happens when it is full is the reader's
+//! [`Overflow`]: with [`Overflow::Lag`] a subscriber that falls behind does
+//! not stall the others; it stops receiving, and once it has read what
+//! was queued it gets [`ReaderEvent::Lagged`] with the id to resume after
+//! (with a new reader from [`crate::Start::After`]). With
+//! [`Overflow::Wait`] the reader stops reading until the subscriber made
+//! room: what it has not read stays in the stream, and nothing is skipped.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use redis::streams::StreamReadReply;
-use tokio::sync::mpsc;
+use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
@@ -25,8 +28,9 @@ use crate::stream::{Start, Stream};
 /// Options of [`Stream::reader`].
 ///
 /// Defaults: start [`Start::Newest`], every topic, `XREAD` blocking up to
-/// 5 s and returning up to 100 events, 1,024 events queued per subscriber.
-/// The block time does not delay [`Reader::close`].
+/// 5 s and returning up to 100 events, 1,024 events and 16 MiB queued per
+/// subscriber, [`Overflow::Lag`]. The block time does not delay
+/// [`Reader::close`].
 #[derive(Debug, Clone)]
 pub struct ReaderOptions {
     start: Start,
@@ -34,6 +38,22 @@ pub struct ReaderOptions {
     block: Duration,
     count: usize,
     queue: usize,
+    max_bytes: usize,
+    overflow: Overflow,
+}
+
+/// What a reader does when a subscriber's queue is full.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Overflow {
+    /// Skips the subscriber until it has read its queue, then tells it
+    /// ([`ReaderEvent::Lagged`]): one slow subscriber does not hold up the
+    /// others.
+    #[default]
+    Lag,
+    /// Stops reading until the subscriber has room: the stream keeps what
+    /// is not read yet, and no event is skipped. For a reader whose
+    /// subscribers must each see every event.
+    Wait,
 }
 
 impl Default for ReaderOptions {
@@ -44,6 +64,8 @@ impl Default for ReaderOptions {
             block: Duration::from_secs(5),
             count: 100,
             queue: 1024,
+            max_bytes: 16 << 20,
+            overflow: Overflow::Lag,
         }
     }
 }
@@ -70,10 +92,26 @@ impl ReaderOptions {
         self
     }
 
-    /// Events queued per subscriber before it lags.
+    /// Events queued per subscriber at most.
     #[must_use]
     pub fn queue(mut self, events: usize) -> Self {
         self.queue = events;
+        self
+    }
+
+    /// Bytes queued per subscriber at most (each event counts its
+    /// payload, name and id, and 64 more; one event larger than this
+    /// counts as this), 1 to 4 GiB.
+    #[must_use]
+    pub fn max_bytes(mut self, bytes: usize) -> Self {
+        self.max_bytes = bytes;
+        self
+    }
+
+    /// What a full queue does.
+    #[must_use]
+    pub fn overflow(mut self, overflow: Overflow) -> Self {
+        self.overflow = overflow;
         self
     }
 }
@@ -108,9 +146,11 @@ struct ReaderShared {
     started: AtomicBool,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Subscriber {
-    events: mpsc::Sender<ReaderEvent>,
+    events: mpsc::Sender<(ReaderEvent, u32)>,
+    /// The bytes its queue may still take.
+    room: Arc<Semaphore>,
     state: Arc<Mutex<SubscriberState>>,
 }
 
@@ -125,7 +165,8 @@ struct SubscriberState {
 /// A subscription to a [`Reader`].
 #[derive(Debug)]
 pub struct ReaderSubscription {
-    events: mpsc::Receiver<ReaderEvent>,
+    events: mpsc::Receiver<(ReaderEvent, u32)>,
+    room: Arc<Semaphore>,
     state: Arc<Mutex<SubscriberState>>,
 }
 
@@ -138,14 +179,17 @@ impl ReaderSubscription {
         if let Some(event) = self.try_recv() {
             return Some(event);
         }
-        self.events.recv().await
+        let (event, bytes) = self.events.recv().await?;
+        self.room.add_permits(bytes as usize);
+        Some(event)
     }
 
     /// The next event if one is queued already (or news that events were
     /// skipped), without waiting; `None` when none is. The end of the
     /// subscription is left for [`ReaderSubscription::recv`] to report.
     pub fn try_recv(&mut self) -> Option<ReaderEvent> {
-        if let Ok(event) = self.events.try_recv() {
+        if let Ok((event, bytes)) = self.events.try_recv() {
+            self.room.add_permits(bytes as usize);
             return Some(event);
         }
         let mut state = lock(&self.state);
@@ -161,6 +205,13 @@ impl Reader {
     pub(crate) async fn new(stream: Stream, options: ReaderOptions) -> Result<Self> {
         if options.queue == 0 || options.count == 0 {
             return Err(Error::InvalidOption("a reader's queue and count must be at least 1".into()));
+        }
+        if options.max_bytes == 0 || u32::try_from(options.max_bytes).is_err() {
+            return Err(Error::InvalidOption(format!(
+                "a reader's max_bytes is {}: allowed are 1 to {} (4 GiB)",
+                options.max_bytes,
+                u32::MAX
+            )));
         }
         let cursor = options.start.resolve(&stream).await.map_err(|source| Error::Redis {
             op: "find the start of a reader",
@@ -182,12 +233,17 @@ impl Reader {
         let (tx, rx) = mpsc::channel(self.shared.options.queue);
         let start = lock(&self.shared.cursor).clone().unwrap_or_default();
         let state = Arc::new(Mutex::new(SubscriberState { last_queued: start, lagged: false }));
-        lock(&self.shared.subscribers).push(Subscriber { events: tx, state: state.clone() });
+        let room = Arc::new(Semaphore::new(self.shared.options.max_bytes));
+        lock(&self.shared.subscribers).push(Subscriber {
+            events: tx,
+            room: room.clone(),
+            state: state.clone(),
+        });
         if !self.shared.started.swap(true, Ordering::AcqRel) && !self.token.is_cancelled() {
             let span = tracing::info_span!("streams.reader", stream = %self.shared.stream.name());
             self.tasks.spawn(read_loop(self.shared.clone(), self.token.clone()).instrument(span));
         }
-        ReaderSubscription { events: rx, state }
+        ReaderSubscription { events: rx, room, state }
     }
 
     /// Stops reading, promptly (an `XREAD` in flight is abandoned with its
@@ -254,7 +310,15 @@ async fn read_loop(shared: Arc<ReaderShared>, token: CancellationToken) {
                 backoff.reset();
                 for entry in reply.into_iter().flat_map(|r| r.keys).flat_map(|k| k.ids) {
                     match Event::decode(&entry) {
-                        Some(event) if shared.options.filter.accepts(&event) => deliver(&shared, event),
+                        Some(event) if shared.options.filter.accepts(&event) => {
+                            if shared.options.overflow == Overflow::Wait {
+                                if !deliver_waiting(&shared, event, &token).await {
+                                    return;
+                                }
+                            } else {
+                                deliver(&shared, event);
+                            }
+                        }
                         Some(_) => {}
                         None => tracing::warn!(id = %entry.id, "skipped a malformed stream entry"),
                     }
@@ -272,15 +336,28 @@ async fn read_loop(shared: Arc<ReaderShared>, token: CancellationToken) {
     }
 }
 
-/// Offers `event` to every subscriber without waiting.
+/// What `event` takes of a subscriber's bytes: its payload, name and id
+/// and 64 more, at most the whole of them (`max_bytes`, which fits a u32).
+fn cost(event: &Event, max_bytes: usize) -> u32 {
+    let bytes = event.payload.len() + event.name.len() + event.id.len() + 64;
+    u32::try_from(bytes.min(max_bytes)).unwrap_or(u32::MAX)
+}
+
+/// Offers `event` to every subscriber without waiting ([`Overflow::Lag`]).
 fn deliver(shared: &ReaderShared, event: Event) {
+    let bytes = cost(&event, shared.options.max_bytes);
     lock(&shared.subscribers).retain(|subscriber| {
         let mut state = lock(&subscriber.state);
         if state.lagged {
             return !subscriber.events.is_closed();
         }
-        match subscriber.events.try_send(ReaderEvent::Event(event.clone())) {
+        let Ok(room) = subscriber.room.try_acquire_many(bytes) else {
+            state.lagged = true;
+            return true;
+        };
+        match subscriber.events.try_send((ReaderEvent::Event(event.clone()), bytes)) {
             Ok(()) => {
+                room.forget();
                 state.last_queued = event.id.clone();
                 true
             }
@@ -291,4 +368,32 @@ fn deliver(shared: &ReaderShared, event: Event) {
             Err(mpsc::error::TrySendError::Closed(_)) => false,
         }
     });
+}
+
+/// Queues `event` for every subscriber, waiting for each to have room
+/// ([`Overflow::Wait`]). False when the reader closed meanwhile.
+async fn deliver_waiting(shared: &ReaderShared, event: Event, token: &CancellationToken) -> bool {
+    let bytes = cost(&event, shared.options.max_bytes);
+    let subscribers: Vec<Subscriber> = lock(&shared.subscribers).clone();
+    let mut gone = false;
+    for subscriber in subscribers {
+        let queued = async {
+            let room = subscriber.room.acquire_many(bytes).await.ok()?;
+            subscriber.events.send((ReaderEvent::Event(event.clone()), bytes)).await.ok()?;
+            room.forget();
+            Some(())
+        };
+        tokio::select! {
+            biased;
+            () = token.cancelled() => return false,
+            queued = queued => match queued {
+                Some(()) => lock(&subscriber.state).last_queued.clone_from(&event.id),
+                None => gone = true,
+            },
+        }
+    }
+    if gone {
+        lock(&shared.subscribers).retain(|subscriber| !subscriber.events.is_closed());
+    }
+    true
 }

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use pulse_streams::{ReaderOptions, ReaderSubscription, Start, Stream, StreamOptions};
+use pulse_streams::{Overflow, ReaderOptions, ReaderSubscription, Start, Stream, StreamOptions};
 use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
 
@@ -94,7 +94,12 @@ pub(crate) async fn spawn<H: JobHandler>(
         StreamOptions::default().hash_tag(&core.keys.pool),
     )
     .await?;
-    let (reader, inbox) = open_inbox(&inbox_stream).await?;
+    let inbox_options = ReaderOptions::default()
+        .start(Start::Oldest)
+        .queue(options.inbox_entries)
+        .max_bytes(options.inbox_bytes)
+        .overflow(Overflow::Wait);
+    let (reader, inbox) = open_inbox(&inbox_stream, &inbox_options).await?;
     // One subscription for the worker's life: every change of the slot
     // table makes it check where its jobs belong.
     let slot_changes = core.slots.subscribe();
@@ -106,6 +111,7 @@ pub(crate) async fn spawn<H: JobHandler>(
     let worker = Worker {
         inbox_key: core.keys.inbox(&id),
         inbox: inbox_stream,
+        inbox_options,
         core,
         id,
         join,
@@ -164,9 +170,14 @@ impl Drop for PanicFence {
     }
 }
 
-/// Reads a worker's inbox from its oldest entry.
-pub(super) async fn open_inbox(stream: &Stream) -> Result<(pulse_streams::Reader, ReaderSubscription)> {
-    let reader = stream.reader(ReaderOptions::default().start(Start::Oldest).queue(65_536)).await?;
+/// Reads a worker's inbox from its oldest entry, holding at most what
+/// `options` bound read ahead: beyond that the reader waits, and no entry
+/// is skipped.
+pub(super) async fn open_inbox(
+    stream: &Stream,
+    options: &ReaderOptions,
+) -> Result<(pulse_streams::Reader, ReaderSubscription)> {
+    let reader = stream.reader(options.clone()).await?;
     let inbox = reader.subscribe();
     Ok((reader, inbox))
 }

@@ -110,6 +110,9 @@ struct Worker<H> {
     inbox_key: String,
     /// The inbox, as a stream.
     inbox: Stream,
+    /// How its reader is opened (again after a lost lease): from the
+    /// oldest entry, bounded, waiting when full.
+    inbox_options: pulse_streams::ReaderOptions,
     handler: Arc<H>,
     /// The handler calls in flight.
     calls: calls::Calls,
@@ -270,7 +273,8 @@ impl<H: JobHandler> Worker<H> {
         match event {
             ReaderEvent::Event(event) => self.on_entry(event).await,
             ReaderEvent::Lagged { resume_after } => {
-                // 65,536 unread entries: the handler is far behind.
+                // The inbox reader waits when full (`Overflow::Wait`):
+                // a lag would be a reader opened otherwise.
                 tracing::error!(resume_after, "inbox reader lagged; entries after this id were skipped");
             }
         }

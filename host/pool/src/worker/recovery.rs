@@ -150,7 +150,7 @@ impl<H: JobHandler> Worker<H> {
             // Reconcile's mark was an entry of the inbox as it was.
             self.orphans = None;
             self.last_read = "0-0".to_owned();
-            let joined = match open_inbox(&self.inbox).await {
+            let joined = match open_inbox(&self.inbox, &self.inbox_options).await {
                 Ok((reader, inbox)) => {
                     match self.core.join_worker(&self.id, self.join, &self.release, None).await {
                         Ok(()) => Ok((reader, inbox)),

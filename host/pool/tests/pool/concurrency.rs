@@ -5,7 +5,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use pulse_pool::{
-    DispatchOutcome, EventOutcome, HandlerError, Job, JobContext, JobHandler, Node, WorkerOptions,
+    DispatchOutcome, EventOutcome, HandlerError, Job, JobContext, JobHandler, Node, NodeOptions,
+    WorkerOptions,
 };
 use pulse_testkit::unique;
 use tokio::sync::Semaphore;
@@ -159,5 +160,57 @@ async fn a_worker_makes_at_most_max_concurrent_calls_at_once() {
         assert_eq!(dispatch.await.unwrap(), DispatchOutcome::Started);
     }
     let node = Arc::into_inner(node).unwrap();
+    finish(&pool, &[&node]).await;
+}
+
+/// A worker whose one call is held while a backlog far over its inbox
+/// bounds (4 entries, 8 KiB) waits, of 2 KiB starts: its reader stops
+/// reading instead of skipping, and once the call returns every job starts,
+/// each once, in the order it was dispatched.
+#[tokio::test]
+async fn a_backlog_far_over_the_inbox_bounds_waits_in_redis_and_every_entry_is_processed() {
+    const BACKLOG: usize = 120;
+    pulse_testkit::init_tracing();
+    let pool = unique("backlog");
+    let (calls, gates) = (Calls::default(), Gates::default());
+    let node = Node::join(&crate::client(), &pool, options()).await.unwrap();
+    let handler = Gated { inner: Recording::new(&calls), gates: gates.clone() };
+    let bounded = WorkerOptions {
+        max_concurrent_calls: 1,
+        inbox_entries: 4,
+        inbox_bytes: 8 << 10,
+        ..WorkerOptions::default()
+    };
+    node.add_worker_with(handler, bounded).await.unwrap();
+    let holder = Arc::new(Node::client(&crate::client(), &pool, options()).await.unwrap());
+    let held = {
+        let holder = holder.clone();
+        tokio::spawn(async move { holder.dispatch("first", b"hold").await.unwrap() })
+    };
+    calls.wait_until("the held start began", |calls| began(calls, "first")).await;
+    // Nobody waits for these answers: they come once the gate opens.
+    let impatient = NodeOptions { reply_timeout: Duration::from_millis(50), ..options() };
+    let dispatcher = Node::client(&crate::client(), &pool, impatient).await.unwrap();
+    let keys: Vec<String> = (0..BACKLOG).map(|i| format!("backlog-{i:03}")).collect();
+    let jobs: Vec<(String, Vec<u8>)> = keys.iter().map(|key| (key.clone(), vec![b'x'; 2 << 10])).collect();
+    for outcome in dispatcher.dispatch_batch(&jobs).await {
+        assert_eq!(outcome.unwrap(), DispatchOutcome::Unconfirmed);
+    }
+    gates.open("first");
+    assert_eq!(held.await.unwrap(), DispatchOutcome::Started);
+    calls
+        .wait_until("every job of the backlog started", |calls| keys.iter().all(|key| began(calls, key)))
+        .await;
+    let started: Vec<String> = calls
+        .all()
+        .into_iter()
+        .filter_map(|call| match call {
+            Call::Start { key, .. } if key != "first" => Some(key),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(started, keys, "each once, in the order dispatched");
+    dispatcher.close().await;
+    holder.close().await;
     finish(&pool, &[&node]).await;
 }

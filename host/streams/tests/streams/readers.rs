@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use pulse_streams::{
-    Event, ReaderEvent, ReaderOptions, ReaderSubscription, Start, StreamOptions, TopicFilter,
+    Event, Overflow, ReaderEvent, ReaderOptions, ReaderSubscription, Start, StreamOptions, TopicFilter,
 };
 use pulse_testkit::unique;
 
@@ -165,6 +165,53 @@ async fn a_malformed_entry_is_skipped() {
         .unwrap();
     stream.add("e", b"fine", None).await.unwrap();
     assert_eq!(payloads(&events(&mut subscription, 1).await), ["fine"]);
+    reader.close().await;
+    destroy_and_check(&stream, &name).await;
+}
+
+/// A kilobyte of payload: three such events fit in 3,500 bytes of queue
+/// (each counts its payload, name, id and 64 more), a fourth does not.
+const KILOBYTE: [u8; 1000] = [b'x'; 1000];
+
+#[tokio::test]
+async fn a_subscriber_s_queue_is_bounded_by_bytes_too() {
+    let name = unique("lag_bytes");
+    let stream = open(&name, StreamOptions::default()).await;
+    let reader = stream.reader(ReaderOptions::default().queue(1000).max_bytes(3_500)).await.unwrap();
+    let (mut slow, mut fast) = (reader.subscribe(), reader.subscribe());
+    for _ in 0..6 {
+        stream.add("e", &KILOBYTE, None).await.unwrap();
+        events(&mut fast, 1).await;
+    }
+    let received = events(&mut slow, 3).await;
+    assert_eq!(next(&mut slow).await, ReaderEvent::Lagged { resume_after: received[2].id.clone() });
+    reader.close().await;
+    destroy_and_check(&stream, &name).await;
+}
+
+#[tokio::test]
+async fn a_waiting_reader_stops_reading_while_its_subscriber_is_full_and_skips_nothing() {
+    let name = unique("wait");
+    let stream = open(&name, StreamOptions::default()).await;
+    let options =
+        ReaderOptions::default().start(Start::Oldest).queue(2).max_bytes(3_500).overflow(Overflow::Wait);
+    let reader = stream.reader(options).await.unwrap();
+    let mut subscription = reader.subscribe();
+    let sent: Vec<String> = (0..40).map(|i| format!("{i:04}")).collect();
+    for payload in &sent {
+        let mut large = payload.as_bytes().to_vec();
+        large.extend_from_slice(&KILOBYTE);
+        stream.add("e", &large, None).await.unwrap();
+    }
+    // Queues of 2 events and 3,500 bytes, 40 events of a kilobyte: the
+    // reader waits for each to be taken, and every one arrives, in order.
+    let received: Vec<String> = events(&mut subscription, sent.len())
+        .await
+        .iter()
+        .map(|event| String::from_utf8_lossy(&event.payload[..4]).into_owned())
+        .collect();
+    assert_eq!(received, sent);
+    assert!(subscription.try_recv().is_none(), "nothing but the events");
     reader.close().await;
     destroy_and_check(&stream, &name).await;
 }
