@@ -185,6 +185,14 @@ pub(super) async fn send(
     let handshake = hyper::client::conn::http1::Builder::new().handshake(TokioIo::new(stream));
     let (mut sender, connection) =
         tokio::time::timeout_at(deadline, handshake).await.map_err(|_| HttpError::ConnectionTimeout)??;
+    // Checked again just before the request is written: connecting may
+    // have spanned a freeze of the process after which the job runs
+    // elsewhere, and on resuming the write could beat the fence's timer.
+    if let Some(still_runs) = &bounds.still_runs
+        && !still_runs()
+    {
+        return Err(HttpError::HttpRequestDenied);
+    }
     // The request line names the path only: scheme and authority are for
     // a proxy.
     let path = request.uri().path_and_query().map_or("/", |p| p.as_str()).to_owned();
