@@ -8,6 +8,9 @@
 //! - `node`: [`Node`]: join (full or client-only), workers, dispatch, stop,
 //!   notify, retry, forget, listing.
 //! - `worker`: a worker's task: its inbox, its handler calls, in order.
+//! - `core`: what a node's workers share: leases and fences, membership
+//!   scripts, routing, reply waiters, the scripts' typed answers, emitted
+//!   events on their way to Redis.
 //! - `job`: [`Job`], [`JobHandler`], outcomes and states.
 //! - `context`: [`JobContext`]: save state, emit, complete, fail, fenced by
 //!   the job's token.
@@ -19,6 +22,8 @@
 //!   number of virtual slots.
 //! - `keys`, `scripts`, `wire`: Redis key names, the Lua scripts (`lua/`),
 //!   the message formats.
+//! - `options`, `metrics`, `error`: [`NodeOptions`] and [`WorkerOptions`],
+//!   the pool's metrics, [`Error`].
 //!
 //! # How a dispatch runs
 //! The dispatcher routes the key with its replica of the slot table and runs
