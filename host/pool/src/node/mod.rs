@@ -147,7 +147,7 @@ impl Node {
     /// Waits until the pool shuts down ([`Node::shutdown`], from any node),
     /// this node's workers have stopped their jobs and left, and the
     /// shutdown has removed the pool's keys (see
-    /// [`Node::shutdown_removed`]). Never resolves on a client-only node.
+    /// `Node::shutdown_removed`). Never resolves on a client-only node.
     ///
     /// # Cancel safety
     /// Cancel safe: it only waits.
