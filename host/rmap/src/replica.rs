@@ -39,12 +39,26 @@ pub(crate) enum Applied {
 
 impl Replica {
     /// Replaces everything with a snapshot of the hash (`HGETALL`).
-    pub(crate) fn load(&mut self, mut fields: HashMap<String, String>) {
+    /// Returns whether the snapshot is of an earlier revision of the same
+    /// epoch than the replica had: Redis lost changes it had published (a
+    /// failover before they reached the replica that took over). That is
+    /// logged; the snapshot is taken all the same, as it is what Redis
+    /// holds.
+    pub(crate) fn load(&mut self, mut fields: HashMap<String, String>) -> bool {
         let epoch = fields.remove("=epoch");
         let rev = fields.remove("=rev").and_then(|r| r.parse().ok()).unwrap_or(0);
         fields.retain(|key, _| !key.starts_with('='));
+        let went_back = epoch.is_some() && epoch == self.position.epoch && rev < self.position.rev;
+        if went_back {
+            tracing::error!(
+                from = self.position.rev,
+                to = rev,
+                "the map went back to an earlier revision: Redis lost changes it had published (a failover before they were replicated?)"
+            );
+        }
         self.content = fields;
         self.position = Position { epoch, rev, snapshots: self.position.snapshots + 1 };
+        went_back
     }
 
     /// Applies one change message under the revision rule.
@@ -109,6 +123,20 @@ impl Replica {
 mod tests {
     use super::*;
 
+    fn snapshot(epoch: &str, rev: u64) -> HashMap<String, String> {
+        HashMap::from([("=epoch".into(), epoch.into()), ("=rev".into(), rev.to_string())])
+    }
+
+    #[test]
+    fn a_snapshot_of_an_earlier_revision_of_the_same_map_says_changes_were_lost() {
+        let mut replica = Replica::default();
+        assert!(!replica.load(snapshot("e", 5)), "a first snapshot");
+        assert!(!replica.load(snapshot("e", 7)), "a later revision");
+        assert!(replica.load(snapshot("e", 6)), "an earlier revision of the same epoch");
+        assert_eq!(replica.position.rev, 6, "what Redis holds is taken");
+        assert!(!replica.load(snapshot("f", 1)), "another epoch: the map was made again");
+    }
+
     fn change(epoch: &str, rev: u64, op: Op) -> Change {
         Change { epoch: epoch.into(), rev, op }
     }
@@ -120,7 +148,7 @@ mod tests {
     #[test]
     fn applies_the_next_revision_skips_old_ones_and_resyncs_on_gaps() {
         let mut replica = Replica::default();
-        replica.load(HashMap::from([("=epoch".into(), "e".into()), ("=rev".into(), "3".into())]));
+        replica.load(snapshot("e", 3));
         assert_eq!(replica.apply(change("e", 3, set("a", "old"))), Applied::Stale);
         assert!(matches!(replica.apply(change("e", 4, set("a", "1"))), Applied::Changed(_)));
         assert_eq!(replica.apply(change("e", 6, set("a", "2"))), Applied::Resync, "revision 5 is missing");
