@@ -17,7 +17,7 @@
 -- Why the caller names every key: a script that builds keys itself touches
 -- keys Redis Cluster never checked, which read as nil, without an error,
 -- while their slot migrates. The caller read the job sets before this
--- runs, so a set that changed since (a job assigned to the worker) or a
+-- runs, so a set that gained a job since (one assigned to the worker) or a
 -- worker expired since answers 'changed' and nothing is written: the
 -- caller reads again.
 --
@@ -63,10 +63,14 @@ else
     if expired[w.id] then table.insert(leaving, w) end
   end
 end
+-- A job that left a set since (handed back, finished) is harmless: each
+-- named job's ownership is checked again below. One that joined it (a job
+-- assigned to the worker meanwhile) has keys nobody named.
 for _, w in ipairs(leaving) do
-  if redis.call('SCARD', w.set) ~= #w.jobs then return {'changed'} end
-  for _, job in ipairs(w.jobs) do
-    if redis.call('SISMEMBER', w.set, job.key) == 0 then return {'changed'} end
+  local named_jobs = {}
+  for _, job in ipairs(w.jobs) do named_jobs[job.key] = true end
+  for _, key in ipairs(redis.call('SMEMBERS', w.set)) do
+    if not named_jobs[key] then return {'changed'} end
   end
 end
 

@@ -25,6 +25,10 @@ use crate::scripts;
 /// to its next tick.
 const EVICT_ATTEMPTS: usize = 8;
 
+/// Tries of a leaving worker's eviction that fails (Redis slow to answer),
+/// waiting twice as long before each.
+const LEAVE_ATTEMPTS: usize = 5;
+
 impl Core {
     /// `script` with what every membership script takes first: KEYS the
     /// slot table, the workers map and the leases; ARGV the two maps'
@@ -102,6 +106,23 @@ impl Core {
     /// worker whose lease expired more than the grace ago. Returns the
     /// evicted workers with the number of jobs each had.
     pub(crate) async fn evict(&self, id: Option<&str>) -> Result<Vec<(String, u64)>> {
+        // A worker leaving for good is evicted before its host goes, and
+        // no janitor of that host comes after: a Redis slow to answer (a
+        // machine busy with plugins looping in `stop`) gets a few more
+        // tries before the worker's jobs are left to another host's
+        // janitor.
+        let mut wait = self.options.retry_backoff.max(Duration::from_millis(50));
+        for _ in 1..LEAVE_ATTEMPTS {
+            match self.evict_and_next(id).await {
+                Ok((evicted, _)) => return Ok(evicted),
+                Err(error) if id.is_some() => {
+                    tracing::debug!(%error, "eviction failed; trying again");
+                    tokio::time::sleep(wait).await;
+                    wait *= 2;
+                }
+                Err(error) => return Err(error),
+            }
+        }
         Ok(self.evict_and_next(id).await?.0)
     }
 
@@ -110,8 +131,8 @@ impl Core {
     ///
     /// Three steps, so the eviction script is given every key it touches:
     /// which workers (`expired.lua`, on Redis time), their job sets, then
-    /// `evict.lua`, which refuses with `changed` when a set or the expired
-    /// workers changed in between; then it starts again.
+    /// `evict.lua`, which refuses with `changed` when a set gained a job or
+    /// another worker expired in between; then it starts again.
     async fn evict_and_next(&self, id: Option<&str>) -> Result<(Vec<(String, u64)>, Option<Duration>)> {
         let grace = millis(grace(self.options.lease_ttl));
         let mut conn = self.conn.clone();
@@ -154,9 +175,9 @@ impl Core {
             return Ok((evicted, next));
         }
         // Jobs kept being assigned to the workers as they were read: the
-        // next round tries again.
-        tracing::warn!(pool = %self.keys.pool, "the expired workers' jobs kept changing; eviction waits for the next round");
-        Ok((Vec::new(), None))
+        // janitor's next round tries again, and a worker leaving is
+        // evicted by a janitor once its lease ends.
+        Err(super::protocol("evict", "the workers' job sets kept gaining jobs while they were read"))
     }
 
     /// The workers whose leases expired more than `grace` ms ago, and how
