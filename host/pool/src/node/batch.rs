@@ -139,7 +139,7 @@ impl Node {
         let mut conn = core.conn.clone();
         let mut answers: Vec<Option<redis::RedisResult<Vec<Result<Dispatched>>>>> =
             groups.iter().map(|_| None).collect();
-        let mut unheld = vec![false; groups.len()];
+        let mut held = vec![true; groups.len()];
         let mut todo: Vec<usize> = (0..groups.len()).collect();
         for attempt in 0..2 {
             let mut pipe = redis::pipe();
@@ -156,14 +156,14 @@ impl Node {
             }
             let sent = match &self.confirm {
                 None => pipe.query_async(&mut conn).await.map(|replies| Sent { replies, held: true }),
-                Some(confirm) => confirm.send(&pipe).await,
+                Some(confirm) => confirm.send(pipe).await,
             };
             let replies: Vec<redis::RedisResult<Value>> = match sent {
-                Ok(Sent { replies, held }) => {
+                Ok(sent) => {
                     for &g in &todo {
-                        unheld[g] = !held;
+                        held[g] = sent.held;
                     }
-                    replies
+                    sent.replies
                 }
                 Err(error) => {
                     for &g in &todo {
@@ -191,10 +191,6 @@ impl Node {
             }
             todo = unknown;
         }
-        answers
-            .into_iter()
-            .zip(unheld)
-            .map(|(answer, unheld)| (answer.expect("every group has an answer"), !unheld))
-            .collect()
+        answers.into_iter().map(|answer| answer.expect("every group has an answer")).zip(held).collect()
     }
 }

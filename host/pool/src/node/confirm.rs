@@ -55,8 +55,7 @@ impl Confirm {
     /// Sends `pipe` (dispatch scripts, errors ignored) with `WAIT` behind
     /// it on one connection: each script's reply, and whether
     /// `confirm_replicas` replicas acknowledged them within `reply_timeout`.
-    pub(super) async fn send(&self, pipe: &redis::Pipeline) -> redis::RedisResult<Sent> {
-        let mut pipe = pipe.clone();
+    pub(super) async fn send(&self, mut pipe: redis::Pipeline) -> redis::RedisResult<Sent> {
         let timeout_ms = u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX);
         pipe.cmd("WAIT").arg(self.replicas).arg(timeout_ms);
         let slot = &self.conns[self.next.fetch_add(1, Ordering::Relaxed) % self.conns.len()];

@@ -246,15 +246,18 @@ async fn confirmed(
     cmd: &redis::Cmd,
     conn: &mut pulse_redis::Shared,
 ) -> (redis::RedisResult<Value>, bool) {
-    let mut pipe = redis::pipe();
-    pipe.ignore_errors().add_command(cmd.clone());
-    let mut sent = confirm.send(&pipe).await;
+    let pipe = || {
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors().add_command(cmd.clone());
+        pipe
+    };
+    let mut sent = confirm.send(pipe()).await;
     if let Ok(first) = &sent
         && let Some(Err(error)) = first.replies.first()
         && scripts::is_unknown_script(error)
     {
         sent = match scripts::load(&scripts::DISPATCH, conn).await {
-            Ok(()) => confirm.send(&pipe).await,
+            Ok(()) => confirm.send(pipe()).await,
             Err(error) => Err(error),
         };
     }
