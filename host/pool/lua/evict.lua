@@ -33,14 +33,13 @@ local leases, jobs, queued = KEYS[3], KEYS[4], KEYS[5]
 local forced, n = ARGV[5] == '1', tonumber(ARGV[6])
 
 -- The workers as named, each with its keys and its jobs' keys.
-local named, at = {}, 7 + 2 * n
-local by_worker = {}
+local named, by_worker, j = {}, {}, 0
 for i = 1, n do
   local w = {id = ARGV[5 + 2 * i], inbox = KEYS[4 + 2 * i], set = KEYS[5 + 2 * i], jobs = {}}
   for _ = 1, tonumber(ARGV[6 + 2 * i]) do
-    local j = at - 6 - 2 * n
-    table.insert(w.jobs, {key = ARGV[at], record = KEYS[4 + 2 * n + 2 * j], held = KEYS[5 + 2 * n + 2 * j]})
-    at = at + 1
+    j = j + 1
+    local key = ARGV[6 + 2 * n + j]
+    table.insert(w.jobs, {key = key, record = KEYS[4 + 2 * n + 2 * j], held = KEYS[5 + 2 * n + 2 * j]})
   end
   table.insert(named, w)
   by_worker[w.id] = true

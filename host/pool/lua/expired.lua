@@ -1,4 +1,4 @@
--- expired(grace) -> {worker, worker, ... [, 'next', ms]}
+-- expired(grace) -> {ms until the next may be, or -1, worker, worker, ...}
 --
 -- KEYS[1] leases
 -- ARGV[1] grace in ms
@@ -11,10 +11,10 @@
 -- eviction that follows (evict.lua) needs each worker's keys named before
 -- it runs, so the caller learns the workers here first.
 local now, grace = tonumber(now_ms()), tonumber(ARGV[1])
-local out = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now - grace)
 local earliest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-if earliest[2] then
-  table.insert(out, 'next')
-  table.insert(out, math.max(0, tonumber(earliest[2]) + grace - now))
+local next_ms = earliest[2] and math.max(0, tonumber(earliest[2]) + grace - now) or -1
+local out = {next_ms}
+for _, worker in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now - grace)) do
+  table.insert(out, worker)
 end
 return out

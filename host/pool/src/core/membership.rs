@@ -190,20 +190,16 @@ impl Core {
             .invoke_async(&mut conn)
             .await
             .map_err(self.redis_error("read expired leases"))?;
-        let (mut workers, mut next) = (Vec::new(), None);
-        let mut values = answer.iter();
-        while let Some(value) = values.next() {
-            match (value, next.is_none()) {
-                (Value::BulkString(tag), true) if tag.as_slice() == b"next" => {
-                    let Some(Value::Int(ms)) = values.next() else {
-                        return Err(super::protocol("expired", &format!("{answer:?}")));
-                    };
-                    next = Some(Duration::from_millis(u64::try_from(*ms).unwrap_or(0)));
-                }
-                (Value::BulkString(worker), _) => workers.push(String::from_utf8_lossy(worker).into_owned()),
-                _ => return Err(super::protocol("expired", &format!("{answer:?}"))),
-            }
-        }
+        let bad = || super::protocol("expired", &format!("{answer:?}"));
+        let Some((Value::Int(ms), workers)) = answer.split_first() else { return Err(bad()) };
+        let next = u64::try_from(*ms).ok().map(Duration::from_millis);
+        let workers = workers
+            .iter()
+            .map(|worker| match worker {
+                Value::BulkString(worker) => Ok(String::from_utf8_lossy(worker).into_owned()),
+                _ => Err(bad()),
+            })
+            .collect::<Result<_>>()?;
         Ok((workers, next))
     }
 
