@@ -25,7 +25,12 @@
 //!   batches in flight). Default: all but `slow-serial`.
 //!   Redis commands and CPU per job. Options: `--jobs N` (default 20,000;
 //!   5,000 for `echo-job`, 2,000 for `slow`, 400 for `slow-serial`),
-//!   `--redis URL` (default: a private `redis-server`),
+//!   `--redis URL` (default: a private `redis-server`), `--redis cluster`
+//!   (a private single server, then a private cluster of 3 masters with
+//!   `--groups N` slot groups, default 16: the same lines on both, with
+//!   the Redis CPU summed over the masters, the busiest one's share and
+//!   the errors Redis answered; `noop` and `batch-pool` only),
+//!   `--groups N` (the pools' slot groups),
 //!   `--confirm-replicas N` (the dispatching node confirms a start only
 //!   once N replicas hold it; given without `--redis`, 0 too, the private
 //!   server is on TCP with a replica).
@@ -75,7 +80,7 @@ use std::process::ExitCode;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-const USAGE: &str = "usage: pulse-bench SCENARIO [--quick] [--jobs N] [--redis URL] [--confirm-replicas N]\nscenarios: runtime [echo|python-echo|js-echo]..., dispatch [noop|echo-job|echo-worker|echo-http|slow|slow-serial|batch]..., idle, fetch, failover, rebalance, ticker, rollout";
+const USAGE: &str = "usage: pulse-bench SCENARIO [--quick] [--jobs N] [--redis URL] [--confirm-replicas N] [--groups N]\nscenarios: runtime [echo|python-echo|js-echo]..., dispatch [noop|echo-job|echo-worker|echo-http|slow|slow-serial|batch]..., idle, fetch, failover, rebalance, ticker, rollout";
 
 /// Parsed command line.
 #[derive(Debug)]
@@ -95,6 +100,8 @@ pub struct Args {
     /// comparison on the same set-up), the scenario's server is on TCP
     /// with a replica.
     pub confirm_replicas: Option<u32>,
+    /// `--groups N`: the pools' slot groups.
+    pub groups: Option<u32>,
     /// Everything else, in order.
     pub rest: Vec<String>,
 }
@@ -107,6 +114,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
         pool: None,
         workers: None,
         confirm_replicas: None,
+        groups: None,
         rest: Vec::new(),
     };
     while let Some(arg) = args.next() {
@@ -132,6 +140,15 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
                     .ok()
                     .filter(|n| (0..=16).contains(n))
                     .ok_or_else(|| format!("--confirm-replicas takes 0 to 16, got {value:?}"))
+                    .map(Some)?;
+            }
+            "--groups" => {
+                let value = args.next().ok_or("--groups needs a number")?;
+                parsed.groups = value
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|n| n.is_power_of_two() && *n <= 64)
+                    .ok_or_else(|| format!("--groups takes 1, 2, 4, 8, 16, 32 or 64, got {value:?}"))
                     .map(Some)?;
             }
             other if other.starts_with("--") => return Err(format!("unknown option {other}")),

@@ -30,6 +30,7 @@ pub fn defaults() -> Defaults {
             max_payload: node.max_payload as u64,
             reply_timeout: node.reply_timeout,
             confirm_replicas: node.confirm_replicas,
+            slot_groups: node.slot_groups,
             max_attempts: node.max_attempts,
             retry_backoff: node.retry_backoff,
             events_retention: node.events_retention as u64,

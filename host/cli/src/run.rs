@@ -133,6 +133,7 @@ pub fn node_options(config: &Config) -> NodeOptions {
         max_payload: usize::try_from(config.node.max_payload).unwrap_or(usize::MAX),
         reply_timeout: config.node.reply_timeout,
         confirm_replicas: config.node.confirm_replicas,
+        slot_groups: config.node.slot_groups,
         max_attempts: config.node.max_attempts,
         retry_backoff: config.node.retry_backoff,
         events_retention: usize::try_from(config.node.events_retention).unwrap_or(usize::MAX),

@@ -128,6 +128,9 @@ pub struct NodeConfig {
     /// `confirm_replicas`: replicas that must hold a dispatch before it
     /// is confirmed.
     pub confirm_replicas: u32,
+    /// `slot_groups`: the groups a pool's slots fall into, each under a
+    /// hash tag of its own (fixed when the pool is created).
+    pub slot_groups: u32,
     /// `max_attempts`.
     pub max_attempts: u32,
     /// `retry_backoff`.

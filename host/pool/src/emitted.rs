@@ -40,7 +40,12 @@ impl From<Event> for Emitted {
 /// A pool's emitted events (a cheap handle: one connection manager).
 #[derive(Debug, Clone)]
 pub struct EmittedEvents {
+    pool: String,
+    /// Group 0's stream: the pool's, when it has one slot group.
     stream: Stream,
+    /// The streams of the pool's other slot groups (each group's jobs
+    /// emit to a stream of its own).
+    others: Vec<Stream>,
 }
 
 impl EmittedEvents {
@@ -54,10 +59,26 @@ impl EmittedEvents {
     pub async fn open(client: &pulse_redis::Redis, pool: &str) -> Result<Self> {
         validate_pool(pool)?;
         let stream = Stream::open(client, EVENTS_STREAM, StreamOptions::default().hash_tag(pool)).await?;
-        Ok(Self { stream })
+        let groups = crate::node::PoolView::open(client, pool).await?.slot_groups();
+        let mut others = Vec::new();
+        for group in 1..groups {
+            let tag = crate::keys::group_tag(pool, group, groups);
+            others.push(Stream::open(client, EVENTS_STREAM, StreamOptions::default().hash_tag(tag)).await?);
+        }
+        Ok(Self { pool: pool.to_owned(), stream, others })
     }
 
-    /// The newest `limit` events, newest first.
+    /// Refuses what reads one stream in id order, for a pool of several
+    /// slot groups (whose events are in one stream per group).
+    fn one_stream(&self) -> Result<&Stream> {
+        match self.others.is_empty() {
+            true => Ok(&self.stream),
+            false => Err(crate::Error::GroupedEvents(self.pool.clone())),
+        }
+    }
+
+    /// The newest `limit` events, newest first (by the time Redis stored
+    /// them, across slot groups).
     ///
     /// # Errors
     /// Redis failures.
@@ -65,7 +86,17 @@ impl EmittedEvents {
     /// # Cancel safety
     /// Cancel safe: it only reads.
     pub async fn newest(&self, limit: usize) -> Result<Vec<Emitted>> {
-        Ok(self.stream.latest(limit).await?.into_iter().map(Emitted::from).collect())
+        let mut events: Vec<Emitted> =
+            self.stream.latest(limit).await?.into_iter().map(Emitted::from).collect();
+        if self.others.is_empty() {
+            return Ok(events);
+        }
+        for stream in &self.others {
+            events.extend(stream.latest(limit).await?.into_iter().map(Emitted::from));
+        }
+        events.sort_by(|a, b| b.created_at_ms.cmp(&a.created_at_ms).then_with(|| b.id.cmp(&a.id)));
+        events.truncate(limit);
+        Ok(events)
     }
 
     /// The id of the newest event now, `None` when there is none: the
@@ -77,7 +108,7 @@ impl EmittedEvents {
     /// # Cancel safety
     /// Cancel safe: it only reads.
     pub async fn newest_id(&self) -> Result<Option<String>> {
-        Ok(self.stream.last_id().await?)
+        Ok(self.one_stream()?.last_id().await?)
     }
 
     /// Up to `limit` events after id `after` (`None`: from the oldest),
@@ -90,7 +121,7 @@ impl EmittedEvents {
     /// # Cancel safety
     /// Cancel safe: it only reads.
     pub async fn page(&self, after: Option<&str>, limit: usize) -> Result<(Vec<Emitted>, Option<String>)> {
-        let (events, next) = self.stream.range(after, limit).await?;
+        let (events, next) = self.one_stream()?.range(after, limit).await?;
         Ok((events.into_iter().map(Emitted::from).collect(), next))
     }
 
@@ -125,7 +156,7 @@ impl EmittedEvents {
     /// Cancel safe: a reader that was started is closed when dropped.
     pub async fn follow(&self, after: Option<String>) -> Result<Following> {
         let start = after.map_or(Start::Oldest, Start::After);
-        let reader = self.stream.reader(ReaderOptions::default().start(start)).await?;
+        let reader = self.one_stream()?.reader(ReaderOptions::default().start(start)).await?;
         let events = reader.subscribe();
         Ok(Following { reader, events })
     }

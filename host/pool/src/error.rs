@@ -66,6 +66,36 @@ pub enum Error {
         /// Its epoch.
         epoch: String,
     },
+    /// A slot group count that is not a power of two from 1 to 64.
+    #[error(
+        "invalid slot_groups {0}: allowed are 1, 2, 4, 8, 16, 32 or 64 (a power of two dividing the 4,096 slots, at most 64)"
+    )]
+    InvalidSlotGroups(u32),
+    /// The pool was created with another number of slot groups than this
+    /// node is configured with.
+    #[error(
+        "pool {pool:?} has {pool_has} slot group(s) and this node is configured with {configured}: the groups \
+         are fixed when a pool is created, since they decide where each job's keys live. Configure \
+         slot_groups = {pool_has}, or move the pool to {configured} groups by shutting it down \
+         (pulse-host shutdown --pool {pool}) and dispatching its jobs again"
+    )]
+    SlotGroupsDiffer {
+        /// The pool.
+        pool: String,
+        /// The node's setting.
+        configured: u32,
+        /// The pool's.
+        pool_has: u32,
+    },
+    /// The events of a pool of several slot groups were asked for in id
+    /// order (page by page, or followed): each group has a stream of its
+    /// own, and only the newest across them are read so far.
+    #[error(
+        "pool {0:?} has several slot groups, whose events are in one stream per group: reading them page \
+         by page or following them is not supported for such a pool yet; the newest events are \
+         (GET /pools/{0}/events)"
+    )]
+    GroupedEvents(String),
     /// Redis may evict keys under memory pressure, which would lose jobs.
     #[error(
         "Redis has maxmemory-policy {policy:?}, which lets it evict keys and so lose jobs; \

@@ -50,9 +50,43 @@ pub const VIRTUAL_SLOTS: u32 = 4_096;
 
 /// The slot count recorded in pool epoch `epoch`; `None` for an epoch
 /// without one (a pool created by a version with one slot per worker).
+/// An epoch is `<hex>:<slots>`, or `<hex>:<slots>:g<groups>` for a pool
+/// of several slot groups (which versions without groups cannot parse, so
+/// they refuse such a pool instead of routing it as one group).
 pub fn slot_count(epoch: &str) -> Option<u32> {
-    let (_, slots) = epoch.rsplit_once(':')?;
-    slots.parse().ok().filter(|slots| (1..=1 << 16).contains(slots))
+    let (slots, _) = epoch_layout(epoch)?;
+    Some(slots)
+}
+
+/// The slot groups recorded in pool epoch `epoch` (1 when it names none);
+/// `None` when it cannot be read.
+pub fn slot_groups(epoch: &str) -> Option<u32> {
+    let (_, groups) = epoch_layout(epoch)?;
+    Some(groups)
+}
+
+fn epoch_layout(epoch: &str) -> Option<(u32, u32)> {
+    let mut parts = epoch.split(':');
+    let _random = parts.next()?;
+    let slots: u32 = parts.next()?.parse().ok().filter(|slots| (1..=1 << 16).contains(slots))?;
+    let groups = match parts.next() {
+        None => 1,
+        Some(groups) => groups.strip_prefix('g')?.parse().ok().filter(|&g| valid_groups(g, slots))?,
+    };
+    parts.next().is_none().then_some((slots, groups))
+}
+
+/// Whether `groups` slot groups fit `slots` slots: a power of two dividing
+/// them.
+pub fn valid_groups(groups: u32, slots: u32) -> bool {
+    groups.is_power_of_two() && slots.is_multiple_of(groups)
+}
+
+/// The slot group of `key` in a pool of `slots` slots and `groups` groups:
+/// its slot modulo `groups`, so every group holds the same share of the
+/// slots and a key's group never changes.
+pub fn group_of(key: &str, slots: u32, groups: u32) -> u32 {
+    if groups <= 1 { 0 } else { slot_of(key, slots) % groups }
 }
 
 /// The slot of `key` among `slots` slots.
@@ -71,6 +105,30 @@ mod tests {
         assert_eq!(slot_count("3f2a:0"), None);
         assert_eq!(slot_count("3f2a:65537"), None);
         assert_eq!(slot_count("3f2a:x"), None);
+    }
+
+    #[test]
+    fn slot_groups_are_read_from_the_epoch() {
+        assert_eq!(slot_groups("3f2a:4096"), Some(1));
+        assert_eq!(slot_groups("3f2a:4096:g16"), Some(16));
+        assert_eq!(slot_count("3f2a:4096:g16"), Some(4096));
+        assert_eq!(slot_groups("3f2a:4096:g3"), None, "not a power of two");
+        assert_eq!(slot_groups("3f2a:4096:g8192"), None, "more groups than slots");
+        assert_eq!(slot_groups("3f2a:4096:16"), None);
+        assert_eq!(slot_groups("3f2a:4096:g16:x"), None);
+    }
+
+    #[test]
+    fn groups_share_the_keys_evenly_and_one_group_is_every_key() {
+        let keys: Vec<String> = (0..16_000).map(|i| format!("job-{i}")).collect();
+        assert!(keys.iter().all(|k| group_of(k, VIRTUAL_SLOTS, 1) == 0));
+        let mut counts = [0u32; 16];
+        for key in &keys {
+            let group = group_of(key, VIRTUAL_SLOTS, 16);
+            assert_eq!(group, slot_of(key, VIRTUAL_SLOTS) % 16);
+            counts[group as usize] += 1;
+        }
+        assert!(counts.iter().all(|&n| (850..1150).contains(&n)), "{counts:?}");
     }
 
     /// From `jump-hash-vectors.txt`, computed by Go Pulse's own hasher.

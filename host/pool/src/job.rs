@@ -64,6 +64,35 @@ pub trait JobHandler: Send + Sync + 'static {
     }
 }
 
+/// One handler shared: a worker of a pool of several slot groups is a
+/// member of each, and every member calls the same handler.
+impl<H: JobHandler> JobHandler for std::sync::Arc<H> {
+    fn start(
+        &self,
+        job: Job,
+        ctx: crate::JobContext,
+    ) -> impl Future<Output = Result<(), HandlerError>> + Send {
+        H::start(self, job, ctx)
+    }
+
+    fn stop(&self, key: &str) -> impl Future<Output = Result<(), HandlerError>> + Send {
+        H::stop(self, key)
+    }
+
+    fn notify(
+        &self,
+        key: &str,
+        payload: Vec<u8>,
+        seq: u64,
+    ) -> impl Future<Output = Result<(), HandlerError>> + Send {
+        H::notify(self, key, payload, seq)
+    }
+
+    fn abandon(&self, key: &str) -> impl Future<Output = ()> + Send {
+        H::abandon(self, key)
+    }
+}
+
 /// What the pool knows of a job. Serialized (for the API and the command
 /// line's `--json`) as `{"key", "state", "worker", "created_at_ms",
 /// "attempt", "reason"}`, the state in its one string form.

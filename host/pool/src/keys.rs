@@ -1,5 +1,7 @@
-//! Every Redis key of a pool. All share the hash tag `{pool}`, so the pool
-//! lives in one Redis Cluster slot and its scripts may touch any of them.
+//! Every Redis key of a pool. All share one hash tag, so they live in one
+//! Redis Cluster slot and a script may touch any of them: `{pool}` for a
+//! pool of one slot group (and for group 0 of any pool), and a tag of its
+//! own for each other group (see [`group_tag`]).
 
 use crate::error::Error;
 
@@ -7,6 +9,9 @@ use crate::error::Error;
 #[derive(Debug, Clone)]
 pub(crate) struct PoolKeys {
     pub(crate) pool: String,
+    /// The hash tag every key below carries: the pool's name, or its
+    /// group's tag.
+    pub(crate) tag: String,
     /// key -> `state|worker|token|seq`
     pub(crate) jobs: String,
     /// Fencing token counter.
@@ -52,15 +57,22 @@ impl PoolKeys {
         move |source| Error::Redis { op, pool: self.pool.clone(), source }
     }
 
+    /// The keys of pool `pool` of one slot group, or of its group 0.
     pub(crate) fn new(pool: &str) -> Self {
-        let key = |suffix: &str| format!("pulse:{{{pool}}}:{suffix}");
+        Self::group(pool, 0, 1)
+    }
+
+    /// The keys of slot group `group` of pool `pool` of `groups` groups.
+    pub(crate) fn group(pool: &str, group: u32, groups: u32) -> Self {
+        let tag = group_tag(pool, group, groups);
+        let key = |suffix: &str| format!("pulse:{{{tag}}}:{suffix}");
         Self {
             pool: pool.to_owned(),
             jobs: key("jobs"),
             tokens: key("tokens"),
             joins: key("joins"),
             queued: key("queued"),
-            events: pulse_streams::stream_key(pool, EVENTS_STREAM),
+            events: pulse_streams::stream_key(&tag, EVENTS_STREAM),
             events_written: key("events-written"),
             events_bytes_earlier: key("events-bytes"),
             handler: key("handler"),
@@ -69,27 +81,28 @@ impl PoolKeys {
             shutdown: key("shutdown"),
             tickers: key("tickers"),
             prefix: key(""),
+            tag,
         }
     }
 
     /// A job's record: payload, created, attempt, state, reason.
     pub(crate) fn record(&self, key: &str) -> String {
-        format!("pulse:{{{}}}:job:{key}", self.pool)
+        format!("pulse:{{{}}}:job:{key}", self.tag)
     }
 
     /// Events held for a job while it waits for a worker.
     pub(crate) fn held(&self, key: &str) -> String {
-        format!("pulse:{{{}}}:held:{key}", self.pool)
+        format!("pulse:{{{}}}:held:{key}", self.tag)
     }
 
     /// The keys of the jobs a schedule started (a set).
     pub(crate) fn schedule(&self, name: &str) -> String {
-        format!("pulse:{{{}}}:schedule:{name}", self.pool)
+        format!("pulse:{{{}}}:schedule:{name}", self.tag)
     }
 
     /// The jobs a worker owns.
     pub(crate) fn worker_jobs(&self, worker: &str) -> String {
-        format!("pulse:{{{}}}:worker:{worker}:jobs", self.pool)
+        format!("pulse:{{{}}}:worker:{worker}:jobs", self.tag)
     }
 
     /// The name of a worker's inbox stream.
@@ -99,7 +112,7 @@ impl PoolKeys {
 
     /// The key of a worker's inbox stream.
     pub(crate) fn inbox(&self, worker: &str) -> String {
-        pulse_streams::stream_key(&self.pool, &Self::inbox_name(worker))
+        pulse_streams::stream_key(&self.tag, &Self::inbox_name(worker))
     }
 
     /// The name of a node's reply stream.
@@ -109,8 +122,41 @@ impl PoolKeys {
 
     /// The key of a node's reply stream.
     pub(crate) fn replies(&self, node: &str) -> String {
-        pulse_streams::stream_key(&self.pool, &Self::replies_name(node))
+        pulse_streams::stream_key(&self.tag, &Self::replies_name(node))
     }
+}
+
+/// Slot groups a pool may have at most. Each group is a full set of
+/// membership keys, and each worker reads one inbox per group and renews
+/// one lease per group: beyond 64 that cost outgrows what more Redis
+/// masters bring.
+pub(crate) const MAX_SLOT_GROUPS: u32 = 64;
+
+/// The hash tag of slot group `group` of pool `pool` of `groups` groups.
+///
+/// Group 0's is the pool's name, so a pool of one group keeps the keys it
+/// always had, and the pool-wide records (epoch, handler, tickers,
+/// schedules, shutdown) stay where every version looks for them. Every
+/// other group's tag is `<pool>:g<group>:<n>` (`:` is not allowed in pool
+/// names, so no pool's tag can be another's), with the smallest `n` that
+/// puts the tag's Redis Cluster slot in a part of the 16,384 cluster slots
+/// of its own: cut into `groups` equal parts, group 0 takes the part its
+/// slot falls in and groups 1, 2, … the others in order. A cluster serves
+/// contiguous ranges of slots per master, so the groups spread over the
+/// masters evenly (16 groups over 3 masters: at most 6 on one) instead of
+/// as a hash happens to fall.
+pub fn group_tag(pool: &str, group: u32, groups: u32) -> String {
+    if group == 0 || groups <= 1 {
+        return pool.to_owned();
+    }
+    const CLUSTER_SLOTS: u32 = 16_384;
+    let part = |tag: &str| u32::from(pulse_redis::key_slot(tag.as_bytes())) * groups / CLUSTER_SLOTS;
+    let first = part(pool);
+    let target = if group <= first { group - 1 } else { group };
+    (0u32..)
+        .map(|n| format!("{pool}:g{group}:{n}"))
+        .find(|tag| part(tag) == target)
+        .unwrap_or_else(|| unreachable!("CRC16 reaches every part of the slot space"))
 }
 
 /// Checks a pool name: 1 to 100 ASCII letters, digits, `-`, `_`, `.`.
@@ -138,5 +184,26 @@ mod tests {
         assert_eq!(keys.worker_jobs("w7"), format!("{}worker:w7:jobs", keys.prefix));
         assert_eq!(keys.record("k"), format!("{}job:k", keys.prefix));
         assert_eq!(keys.held("k"), format!("{}held:k", keys.prefix));
+    }
+
+    #[test]
+    fn group_0_keeps_the_pool_s_keys_and_other_groups_fill_the_other_parts_of_the_cluster() {
+        assert_eq!(PoolKeys::group("p", 0, 16).jobs, PoolKeys::new("p").jobs);
+        assert_eq!(PoolKeys::new("p").jobs, "pulse:{p}:jobs");
+        for pool in ["p", "orders", "bench"] {
+            for groups in [2, 16, 64] {
+                let mut parts: Vec<u32> = (0..groups)
+                    .map(|g| {
+                        u32::from(pulse_redis::key_slot(group_tag(pool, g, groups).as_bytes())) * groups
+                            / 16_384
+                    })
+                    .collect();
+                parts.sort_unstable();
+                assert_eq!(parts, (0..groups).collect::<Vec<_>>(), "{pool} over {groups} groups");
+            }
+        }
+        let keys = PoolKeys::group("p", 3, 16);
+        assert!(keys.jobs.starts_with("pulse:{p:g3:"), "{}", keys.jobs);
+        assert_eq!(keys.record("k"), format!("{}job:k", keys.prefix));
     }
 }

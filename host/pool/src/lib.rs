@@ -56,6 +56,7 @@ pub use context::{ContextError, JobContext};
 pub use emitted::{Emitted, EmittedEvents, Followed, Following};
 pub use error::{Error, Result};
 pub use job::{DispatchOutcome, EventOutcome, HandlerError, Job, JobHandler, JobInfo, JobState};
+pub use keys::group_tag;
 pub use node::{JobCounts, Node, NodeInfo, PoolView, WorkerInfo};
 pub use options::{NodeOptions, Release, WorkerOptions};
 pub use schedule::{Applied, JobProducer, Plan, ProducerError, Schedule};

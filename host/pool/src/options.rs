@@ -29,6 +29,8 @@ use tokio_util::sync::CancellationToken;
 ///   stops running its jobs after `lease_ttl` minus a tenth; its jobs move
 ///   to other workers `lease_ttl` plus a fifth after its last renewal (the
 ///   janitors wake then);
+/// - `slot_groups`: 1: the pool lives under one hash tag, on one Redis
+///   thread (see [`NodeOptions::slot_groups`]);
 /// - `cancel`: a token of the node's own.
 #[derive(Debug, Clone)]
 pub struct NodeOptions {
@@ -59,6 +61,13 @@ pub struct NodeOptions {
     /// How long a worker's lease lasts without renewal (renewed every
     /// quarter of it).
     pub lease_ttl: Duration,
+    /// Slot groups of the pool: 1, 2, 4, … 64. The pool's slots fall into
+    /// this many groups (slot `s` in group `s mod G`), each with the keys
+    /// of its jobs under a hash tag of its own, so a Redis Cluster spreads
+    /// the pool over its masters. Fixed when the pool is created: a node
+    /// configured otherwise is refused ([`crate::Error::SlotGroupsDiffer`]).
+    /// Each group costs every worker an inbox reader and a lease.
+    pub slot_groups: u32,
     /// The node takes a child of this token for its tasks: a process
     /// passes its root token to every node it joins. Cancelling it ends
     /// the node abruptly, as the end of the process would: its workers
@@ -85,6 +94,7 @@ impl Default for NodeOptions {
             events_max_bytes: 64 << 20,
             shutdown_timeout: Duration::from_secs(30),
             lease_ttl: Duration::from_secs(10),
+            slot_groups: 1,
             cancel: CancellationToken::new(),
         }
     }

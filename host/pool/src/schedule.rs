@@ -144,16 +144,11 @@ impl Node {
         // Starts: only the keys that do not exist.
         let mut missing = Vec::new();
         if !plan.start.is_empty() {
-            let mut hmget = redis::cmd("HMGET");
-            hmget.arg(&core.keys.jobs);
-            for (key, _) in &plan.start {
-                hmget.arg(key);
-            }
-            let existing: Vec<Option<String>> =
-                hmget.query_async(&mut conn).await.map_err(core.redis_error("read a schedule's jobs"))?;
+            let keys: Vec<&str> = plan.start.iter().map(|(key, _)| key.as_str()).collect();
+            let existing = self.existing(&keys).await.map_err(core.redis_error("read a schedule's jobs"))?;
             let mut seen = HashSet::new();
             for ((key, payload), existing) in plan.start.iter().zip(existing) {
-                if existing.is_none() && seen.insert(key.as_str()) {
+                if !existing && seen.insert(key.as_str()) {
                     missing.push((key.clone(), payload.clone()));
                 }
             }

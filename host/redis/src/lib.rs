@@ -36,6 +36,6 @@ mod subscribe;
 mod target;
 
 pub use dedicated::Dedicated;
-pub use shared::Shared;
+pub use shared::{Shared, key_slot};
 pub use subscribe::Subscription;
 pub use target::{Error, Form, Redis};

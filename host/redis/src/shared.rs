@@ -210,7 +210,7 @@ impl Shared {
 /// The cluster hash slot of `key`: CRC16 (XModem) of its hash tag (the
 /// text between the first `{` and the next `}`, when not empty) or of the
 /// whole key, modulo 16,384.
-fn key_slot(key: &[u8]) -> u16 {
+pub fn key_slot(key: &[u8]) -> u16 {
     let tagged = key.iter().position(|&b| b == b'{').and_then(|open| {
         let rest = &key[open + 1..];
         rest.iter().position(|&b| b == b'}').filter(|&close| close > 0).map(|close| &rest[..close])

@@ -4,7 +4,8 @@
 
 use std::time::{Duration, Instant};
 
-use super::{Commandstats, Dispatcher, Handler, PAYLOAD, WORKERS, key_of};
+use super::commandstats::{Servers, Spent};
+use super::{Dispatcher, Handler, Line, PAYLOAD, WORKERS, key_of};
 use crate::report::{self, percentile};
 
 /// Jobs per batch (the HTTP API's largest batch).
@@ -14,18 +15,18 @@ const BATCH: usize = 1000;
 /// figures; returns their keys.
 pub(super) async fn measure(
     dispatcher: &Dispatcher,
-    stats: &mut pulse_redis::Shared,
+    servers: &mut Servers,
     handler: Handler,
     lanes: usize,
     jobs: usize,
-    (running, confirm): (usize, u32),
+    line: &Line,
 ) -> Result<Vec<String>, Box<dyn std::error::Error>> {
     let keys: Vec<String> = (0..jobs).map(|i| key_of(lanes, i)).collect();
     let batches: Vec<Vec<(String, Vec<u8>)>> = keys
         .chunks(BATCH)
         .map(|chunk| chunk.iter().map(|key| (key.clone(), PAYLOAD.to_vec())).collect())
         .collect();
-    let before = Commandstats::read(stats).await?;
+    let before = servers.read().await?;
     let started = Instant::now();
     let mut tasks = Vec::new();
     for lane in 0..lanes {
@@ -50,24 +51,17 @@ pub(super) async fn measure(
         confirmed += lane_confirmed;
     }
     let elapsed = started.elapsed();
-    let after = Commandstats::read(stats).await?;
-    let (calls, usec) = after.total_since(&before);
-    let per_job = |value: u64| value as f64 / jobs as f64;
-    report::Result::new("dispatch")
-        .field("handler", handler.name())
+    let spent = Spent::new(before, servers.read().await?);
+    let result = line
+        .fields(report::Result::new("dispatch").field("handler", handler.name()))
         .field("dispatchers", lanes)
         .field("batch", BATCH)
         .field("workers", WORKERS)
         .field("jobs", jobs)
-        .field("running_before", running)
-        .field("confirm_replicas", confirm)
         .field("rate_per_s", format!("{:.0}", confirmed as f64 / elapsed.as_secs_f64()))
         .millis("batch_p50_ms", percentile(&mut times, 50.0))
-        .millis("batch_max_ms", percentile(&mut times, 100.0))
-        .field("cmds_per_job", format!("{:.2}", per_job(calls)))
-        .field("redis_cpu_us_per_job", format!("{:.1}", per_job(usec)))
-        .field("unconfirmed", jobs - confirmed)
-        .print();
-    after.print_by_command(&before, handler.name(), lanes, jobs);
+        .millis("batch_max_ms", percentile(&mut times, 100.0));
+    spent.fields(result, jobs).field("unconfirmed", jobs - confirmed).print();
+    spent.after.print_by_command(&spent.before, handler.name(), lanes, jobs);
     Ok(keys)
 }

@@ -10,9 +10,10 @@ use std::collections::BTreeMap;
 
 use crate::report;
 
-/// Per command: (calls, CPU µs) so far; and the CPU µs the Redis process
-/// used so far.
-pub(super) struct Commandstats(BTreeMap<String, (u64, u64)>, u64);
+/// Per command: (calls, CPU µs) so far; the CPU µs the Redis process
+/// used so far; the errors it answered so far (`INFO errorstats`: a
+/// `CROSSSLOT` or a script's "non local key" on a cluster counts).
+pub(super) struct Commandstats(BTreeMap<String, (u64, u64)>, u64, u64);
 
 /// Commands that took less CPU per job than this (µs) are left out of the
 /// `dispatch-redis` line (membership upkeep, the bench's own `INFO`); a
@@ -32,6 +33,12 @@ impl Commandstats {
                 .unwrap_or(0.0)
         };
         let process_us = ((seconds("used_cpu_user") + seconds("used_cpu_sys")) * 1e6) as u64;
+        let errorstats: String = redis::cmd("INFO").arg("errorstats").query_async(conn).await?;
+        let errors = errorstats
+            .lines()
+            .filter(|line| line.starts_with("errorstat_"))
+            .map(|line| field(line, "count="))
+            .sum();
         Ok(Self(
             info.lines()
                 .filter_map(|line| {
@@ -40,7 +47,33 @@ impl Commandstats {
                 })
                 .collect(),
             process_us,
+            errors,
         ))
+    }
+
+    /// The figures of several servers (a cluster's masters) added up.
+    pub(super) fn sum(all: Vec<Self>) -> Self {
+        let mut total = Self(BTreeMap::new(), 0, 0);
+        for stats in all {
+            for (name, (calls, usec)) in stats.0 {
+                let entry = total.0.entry(name).or_default();
+                entry.0 += calls;
+                entry.1 += usec;
+            }
+            total.1 += stats.1;
+            total.2 += stats.2;
+        }
+        total
+    }
+
+    /// CPU µs the Redis process used since `before`.
+    pub(super) fn process_us_since(&self, before: &Self) -> u64 {
+        self.1.saturating_sub(before.1)
+    }
+
+    /// Errors Redis answered since `before`.
+    pub(super) fn errors_since(&self, before: &Self) -> u64 {
+        self.2.saturating_sub(before.2)
     }
 
     /// (calls, CPU µs) of each command since `before`, busiest first.
@@ -88,5 +121,72 @@ impl Commandstats {
                 .field(&format!("{name}_us_per_job"), format!("{us_per_job:.2}"));
         }
         line.print();
+    }
+}
+
+/// The Redis servers a line is measured on: the one server, or each
+/// master of a cluster (read directly: `INFO` through a cluster
+/// connection would not say which node answered).
+pub(super) struct Servers(Vec<pulse_redis::Shared>);
+
+impl Servers {
+    /// The servers at `urls` (single-server URLs).
+    pub(super) async fn open(urls: &[String]) -> Result<Self, Box<dyn std::error::Error>> {
+        let mut conns = Vec::new();
+        for url in urls {
+            conns.push(pulse_redis::Redis::open(url.as_str())?.shared().await?);
+        }
+        Ok(Self(conns))
+    }
+
+    /// Each server's figures so far.
+    pub(super) async fn read(&mut self) -> redis::RedisResult<Vec<Commandstats>> {
+        let mut all = Vec::with_capacity(self.0.len());
+        for conn in &mut self.0 {
+            all.push(Commandstats::read(conn).await?);
+        }
+        Ok(all)
+    }
+}
+
+/// What the servers spent on one line, from their figures before and
+/// after it.
+pub(super) struct Spent {
+    pub(super) before: Commandstats,
+    pub(super) after: Commandstats,
+    /// Servers measured.
+    pub(super) servers: usize,
+    /// The busiest server's share of the CPU all of them used.
+    pub(super) busiest_share: f64,
+}
+
+impl Spent {
+    pub(super) fn new(before: Vec<Commandstats>, after: Vec<Commandstats>) -> Self {
+        let used: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a.process_us_since(b)).collect();
+        let total: u64 = used.iter().sum();
+        let busiest = used.iter().copied().max().unwrap_or(0);
+        Self {
+            servers: used.len(),
+            busiest_share: if total == 0 { 0.0 } else { busiest as f64 / total as f64 },
+            before: Commandstats::sum(before),
+            after: Commandstats::sum(after),
+        }
+    }
+
+    /// The fields every line shows of it, per job of `jobs`: commands, their
+    /// CPU, the Redis processes' CPU (summed over servers), servers, the
+    /// busiest one's share, errors answered.
+    pub(super) fn fields(&self, line: report::Result, jobs: usize) -> report::Result {
+        let (calls, usec) = self.after.total_since(&self.before);
+        let per_job = |value: u64| value as f64 / jobs as f64;
+        line.field("cmds_per_job", format!("{:.2}", per_job(calls)))
+            .field("redis_cpu_us_per_job", format!("{:.1}", per_job(usec)))
+            .field(
+                "process_cpu_us_per_job",
+                format!("{:.1}", per_job(self.after.process_us_since(&self.before))),
+            )
+            .field("servers", self.servers)
+            .field("busiest_server_cpu_share", format!("{:.2}", self.busiest_share))
+            .field("redis_errors", self.after.errors_since(&self.before))
     }
 }

@@ -44,7 +44,7 @@ use pulse_pool::{Node, NodeOptions};
 
 use crate::Args;
 use crate::report::{self, percentile};
-use commandstats::Commandstats;
+use commandstats::{Servers, Spent};
 use processes::spawn_noop_workers;
 pub(crate) use processes::{Dispatcher, free_address, spawn_host, wait_for_workers};
 pub use processes::{SERVE_HOST, SERVE_WORKERS, serve_host, serve_workers};
@@ -159,82 +159,173 @@ pub fn run(args: &Args) -> BenchResult {
             .collect::<Result<Vec<_>, _>>()?
             .concat(),
     };
-    // With confirmations, a primary on TCP with a replica in sync.
-    let (server, _replica) = match (&args.redis, args.confirm_replicas) {
-        (Some(_), _) => (None, None),
-        (None, None) => (Some(pulse_testkit::RedisServer::start()), None),
-        (None, Some(_)) => {
-            let primary = pulse_testkit::RedisServer::start_tcp_with(&[]);
-            let replica = pulse_testkit::start_replica(&primary);
-            (Some(primary), Some(replica))
-        }
-    };
-    let url = args.redis.clone().or_else(|| server.as_ref().map(|s| s.url().to_owned())).ok_or("no Redis")?;
+    let deployments = Deployment::all(args)?;
+    if deployments.iter().any(|d| d.groups > 1)
+        && let Some(handler) = handlers.iter().find(|h| !matches!(h, Handler::NoOp | Handler::Batch))
+    {
+        return Err(format!(
+            "{} runs a host from a generated config: with --groups, only noop and batch-pool run",
+            handler.name()
+        )
+        .into());
+    }
     let confirm = args.confirm_replicas.unwrap_or(0);
     let config_dir = tempfile::tempdir()?;
     let tokio = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     for handler in handlers {
-        let jobs = args.jobs.unwrap_or(handler.default_jobs(args.quick));
-        let pool = format!("bench-{}", handler.name());
-        let api = matches!(handler, Handler::EchoHttp | Handler::BatchHttp).then(free_address).transpose()?;
-        let mut workers = match handler {
-            Handler::NoOp | Handler::Batch => spawn_noop_workers(&url, &pool)?,
-            _ => spawn_host(&url, &pool, handler, jobs, api, config_dir.path())?,
+        for deployment in &deployments {
+            run_handler(&tokio, deployment, handler, args, confirm, config_dir.path())?;
+        }
+    }
+    Ok(())
+}
+
+/// A Redis the scenario runs on, up while it runs: a private server, one
+/// with a replica (to confirm dispatches on), the one `--redis` names, or
+/// a private cluster of three masters.
+struct Deployment {
+    /// `single` or `cluster`: the `layout` field of its lines.
+    layout: &'static str,
+    url: String,
+    /// The servers whose figures a line reads: the server, or each master.
+    servers: Vec<String>,
+    /// The pools' slot groups.
+    groups: u32,
+    _processes: (Option<pulse_testkit::RedisServer>, Option<pulse_testkit::RedisServer>),
+    _cluster: Option<pulse_testkit::RedisCluster>,
+}
+
+impl Deployment {
+    /// What `--redis` and `--confirm-replicas` ask for. `--redis cluster`
+    /// is two: a private single server (one slot group), then a private
+    /// cluster of 3 masters (`--groups`, default 16), so one run compares
+    /// them.
+    fn all(args: &Args) -> Result<Vec<Self>, Box<dyn std::error::Error>> {
+        let single = |server: pulse_testkit::RedisServer, replica| Self {
+            layout: "single",
+            url: server.url().to_owned(),
+            servers: vec![server.url().to_owned()],
+            groups: 1,
+            _processes: (Some(server), replica),
+            _cluster: None,
         };
-        let result = tokio.block_on(async {
-            let client = pulse_redis::Redis::open(url.as_str())?;
-            let options = NodeOptions { confirm_replicas: confirm, ..NodeOptions::default() };
-            let node = Arc::new(Node::client(&client, &pool, options).await?);
-            wait_for_workers(&node, WORKERS, std::slice::from_mut(&mut workers)).await?;
-            let dispatcher = match api {
-                Some(address) => Dispatcher::http(address, &pool).await?,
-                None => Dispatcher::Node(node.clone()),
-            };
-            let mut stats = client.shared().await?;
-            let mut running = 0;
-            for &concurrency in handler.dispatchers() {
-                let keys = match handler {
-                    Handler::Batch | Handler::BatchHttp => {
-                        batch::measure(
-                            &dispatcher,
-                            &mut stats,
-                            handler,
-                            concurrency,
-                            jobs,
-                            (running, confirm),
-                        )
-                        .await?
-                    }
-                    _ => {
-                        measure(&dispatcher, &mut stats, handler, concurrency, jobs, (running, confirm))
-                            .await?
-                    }
+        Ok(match (args.redis.as_deref(), args.confirm_replicas) {
+            (Some("cluster"), _) => {
+                let mut cluster = pulse_testkit::RedisCluster::start(3, 0);
+                let masters =
+                    cluster.nodes().iter().map(|node| format!("redis://127.0.0.1:{}", node.port())).collect();
+                let grouped = Self {
+                    layout: "cluster",
+                    url: cluster.url(),
+                    servers: masters,
+                    groups: args.groups.unwrap_or(16),
+                    _processes: (None, None),
+                    _cluster: Some(cluster),
                 };
-                if handler.instance_per_job() {
-                    // Each live job holds an instance: stop them, so the
-                    // host's instance count stays at one run's jobs.
-                    stop_all(&node, keys).await?;
-                } else {
-                    running += jobs;
+                vec![single(pulse_testkit::RedisServer::start_tcp_with(&[]), None), grouped]
+            }
+            (Some(url), _) => vec![Self {
+                layout: "single",
+                url: url.to_owned(),
+                servers: vec![url.to_owned()],
+                groups: args.groups.unwrap_or(1),
+                _processes: (None, None),
+                _cluster: None,
+            }],
+            (None, None) => vec![single(pulse_testkit::RedisServer::start(), None)],
+            // With confirmations, a primary on TCP with a replica in sync.
+            (None, Some(_)) => {
+                let primary = pulse_testkit::RedisServer::start_tcp_with(&[]);
+                let replica = pulse_testkit::start_replica(&primary);
+                vec![single(primary, Some(replica))]
+            }
+        })
+    }
+}
+
+/// Where a line runs and what it was told: the fields every `dispatch`
+/// line starts with.
+pub(crate) struct Line {
+    layout: &'static str,
+    groups: u32,
+    /// Jobs the pool runs already.
+    running: usize,
+    confirm: u32,
+}
+
+impl Line {
+    pub(crate) fn fields(&self, result: report::Result) -> report::Result {
+        result
+            .field("layout", self.layout)
+            .field("slot_groups", self.groups)
+            .field("running_before", self.running)
+            .field("confirm_replicas", self.confirm)
+    }
+}
+
+/// The lines of `handler` on `deployment`.
+fn run_handler(
+    tokio: &tokio::runtime::Runtime,
+    deployment: &Deployment,
+    handler: Handler,
+    args: &Args,
+    confirm: u32,
+    config_dir: &std::path::Path,
+) -> BenchResult {
+    let url = &deployment.url;
+    let jobs = args.jobs.unwrap_or(handler.default_jobs(args.quick));
+    let pool = format!("bench-{}", handler.name());
+    let api = matches!(handler, Handler::EchoHttp | Handler::BatchHttp).then(free_address).transpose()?;
+    let mut workers = match handler {
+        Handler::NoOp | Handler::Batch => spawn_noop_workers(url, &pool, deployment.groups)?,
+        _ => spawn_host(url, &pool, handler, jobs, api, config_dir)?,
+    };
+    let result = tokio.block_on(async {
+        let client = pulse_redis::Redis::open(url.as_str())?;
+        let options = NodeOptions {
+            confirm_replicas: confirm,
+            slot_groups: deployment.groups,
+            ..NodeOptions::default()
+        };
+        let node = Arc::new(Node::client(&client, &pool, options).await?);
+        wait_for_workers(&node, WORKERS, std::slice::from_mut(&mut workers)).await?;
+        let dispatcher = match api {
+            Some(address) => Dispatcher::http(address, &pool).await?,
+            None => Dispatcher::Node(node.clone()),
+        };
+        let mut servers = Servers::open(&deployment.servers).await?;
+        let mut line = Line { layout: deployment.layout, groups: deployment.groups, running: 0, confirm };
+        for &concurrency in handler.dispatchers() {
+            let keys = match handler {
+                Handler::Batch | Handler::BatchHttp => {
+                    batch::measure(&dispatcher, &mut servers, handler, concurrency, jobs, &line).await?
                 }
+                _ => measure(&dispatcher, &mut servers, handler, concurrency, jobs, &line).await?,
+            };
+            if handler.instance_per_job() {
+                // Each live job holds an instance: stop them, so the
+                // host's instance count stays at one run's jobs.
+                stop_all(&node, keys).await?;
+            } else {
+                line.running += jobs;
             }
-            if !matches!(handler, Handler::NoOp | Handler::Batch) {
-                // The host exits once its pool is shut down.
-                node.shutdown(Duration::from_secs(120)).await?;
-            }
-            node.close().await;
-            Ok::<_, Box<dyn std::error::Error>>(())
-        });
-        // Closing its stdin ends the no-op worker process.
-        drop(workers.stdin.take());
-        if result.is_err() {
-            let _ = workers.kill();
         }
-        let status = workers.wait()?;
-        result?;
-        if !status.success() {
-            return Err(format!("the {} worker process failed: {status}", handler.name()).into());
+        if !matches!(handler, Handler::NoOp | Handler::Batch) {
+            // The host exits once its pool is shut down.
+            node.shutdown(Duration::from_secs(120)).await?;
         }
+        node.close().await;
+        Ok::<_, Box<dyn std::error::Error>>(())
+    });
+    // Closing its stdin ends the no-op worker process.
+    drop(workers.stdin.take());
+    if result.is_err() {
+        let _ = workers.kill();
+    }
+    let status = workers.wait()?;
+    result?;
+    if !status.success() {
+        return Err(format!("the {} worker process failed: {status}", handler.name()).into());
     }
     Ok(())
 }
@@ -262,13 +353,13 @@ async fn stop_all(node: &Arc<Node>, keys: Vec<String>) -> BenchResult {
 /// figures; returns their keys.
 async fn measure(
     dispatcher: &Dispatcher,
-    stats: &mut pulse_redis::Shared,
+    servers: &mut Servers,
     handler: Handler,
     concurrency: usize,
     jobs: usize,
-    (running, confirm): (usize, u32),
+    line: &Line,
 ) -> Result<Vec<String>, Box<dyn std::error::Error>> {
-    let before = Commandstats::read(stats).await?;
+    let before = servers.read().await?;
     let started = Instant::now();
     let mut lanes = Vec::new();
     for lane in 0..concurrency {
@@ -296,34 +387,27 @@ async fn measure(
         unconfirmed += lane_unconfirmed;
     }
     let elapsed = started.elapsed();
-    let after = Commandstats::read(stats).await?;
-    let (calls, usec) = after.total_since(&before);
+    let spent = Spent::new(before, servers.read().await?);
     samples.sort_by_key(|(i, _)| *i);
     let tenth = (jobs / 10).max(1);
     let keys = samples.iter().map(|(i, _)| key_of(concurrency, *i)).collect();
     let mut first: Vec<Duration> = samples[..tenth].iter().map(|(_, d)| *d).collect();
     let mut last: Vec<Duration> = samples[jobs - tenth..].iter().map(|(_, d)| *d).collect();
     let mut all: Vec<Duration> = samples.into_iter().map(|(_, d)| d).collect();
-    let per_job = |value: u64| value as f64 / jobs as f64;
-    report::Result::new("dispatch")
-        .field("handler", handler.name())
+    let result = line
+        .fields(report::Result::new("dispatch").field("handler", handler.name()))
         .field("dispatchers", concurrency)
         .field("workers", WORKERS)
         .field("jobs", jobs)
-        .field("running_before", running)
-        .field("confirm_replicas", confirm)
         .field("rate_per_s", format!("{:.0}", jobs as f64 / elapsed.as_secs_f64()))
         .millis("p50_ms", percentile(&mut all, 50.0))
         .millis("p90_ms", percentile(&mut all, 90.0))
         .millis("p99_ms", percentile(&mut all, 99.0))
         .millis("max_ms", percentile(&mut all, 100.0))
         .millis("first10_p50_ms", percentile(&mut first, 50.0))
-        .millis("last10_p50_ms", percentile(&mut last, 50.0))
-        .field("cmds_per_job", format!("{:.2}", per_job(calls)))
-        .field("redis_cpu_us_per_job", format!("{:.1}", per_job(usec)))
-        .field("unconfirmed", unconfirmed)
-        .print();
-    after.print_by_command(&before, handler.name(), concurrency, jobs);
+        .millis("last10_p50_ms", percentile(&mut last, 50.0));
+    spent.fields(result, jobs).field("unconfirmed", unconfirmed).print();
+    spent.after.print_by_command(&spent.before, handler.name(), concurrency, jobs);
     Ok(keys)
 }
 

@@ -32,8 +32,20 @@ impl JobHandler for NoOp {
     }
 }
 
-pub(super) fn spawn_noop_workers(url: &str, pool: &str) -> Result<Child, Box<dyn std::error::Error>> {
-    crate::process::spawn_ready(&[SERVE_WORKERS, "--redis", url, "--pool", pool])
+pub(super) fn spawn_noop_workers(
+    url: &str,
+    pool: &str,
+    groups: u32,
+) -> Result<Child, Box<dyn std::error::Error>> {
+    crate::process::spawn_ready(&[
+        SERVE_WORKERS,
+        "--redis",
+        url,
+        "--pool",
+        pool,
+        "--groups",
+        &groups.to_string(),
+    ])
 }
 
 /// Who dispatches: a client-only node in this process, or the HTTP API
@@ -208,7 +220,8 @@ pub fn serve_workers(args: &Args) -> BenchResult {
     tokio.block_on(async {
         let client = pulse_redis::Redis::open(url.as_str())?;
         let pool = args.pool.as_deref().ok_or("serve-workers needs --pool")?;
-        let node = Node::join(&client, pool, NodeOptions::default()).await?;
+        let options = NodeOptions { slot_groups: args.groups.unwrap_or(1), ..NodeOptions::default() };
+        let node = Node::join(&client, pool, options).await?;
         for _ in 0..WORKERS {
             node.add_worker(NoOp).await?;
         }

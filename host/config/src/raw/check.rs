@@ -83,6 +83,25 @@ impl Check<'_> {
         default
     }
 
+    /// A power of two up to `max`, or `default` when absent (or not one:
+    /// then a problem says what is allowed).
+    pub(super) fn power_of_two(
+        &mut self,
+        key: &str,
+        value: Option<&Spanned<u64>>,
+        default: u64,
+        max: u64,
+    ) -> u64 {
+        let Some(value) = value else { return default };
+        let number = *value.get_ref();
+        if number.is_power_of_two() && number <= max {
+            return number;
+        }
+        let allowed: Vec<String> = (0..=max.ilog2()).map(|bit| (1u64 << bit).to_string()).collect();
+        self.problem(value, format!("`{key}` = {number} is not allowed: allowed are {}", allowed.join(", ")));
+        default
+    }
+
     /// A plugin's or schedule's `limits`, checked against the runtime's.
     pub(super) fn limits(
         &mut self,

@@ -33,6 +33,8 @@ const MAX_PAYLOAD: RangeInclusive<u64> = 1..=(64 << 20);
 const REPLY_TIMEOUT: RangeInclusive<Duration> = millis(10)..=secs(3600);
 const MAX_ATTEMPTS: RangeInclusive<u64> = 1..=100;
 const CONFIRM_REPLICAS: RangeInclusive<u64> = 0..=16;
+/// The most slot groups (`pulse_pool`'s limit).
+const SLOT_GROUPS: u64 = 64;
 const RETRY_BACKOFF: RangeInclusive<Duration> = millis(0)..=secs(3600);
 const EVENTS_RETENTION: RangeInclusive<u64> = 1..=10_000_000;
 const EVENTS_MAX_BYTES: RangeInclusive<u64> = 1..=(16 << 30);
@@ -100,6 +102,7 @@ struct Node {
     max_payload: Option<Spanned<String>>,
     reply_timeout: Option<Spanned<String>>,
     confirm_replicas: Option<Spanned<u64>>,
+    slot_groups: Option<Spanned<u64>>,
     max_attempts: Option<Spanned<u64>>,
     retry_backoff: Option<Spanned<String>>,
     events_retention: Option<Spanned<u64>>,
@@ -195,6 +198,12 @@ impl File {
                 self.node.confirm_replicas.as_ref(),
                 d.confirm_replicas.into(),
                 CONFIRM_REPLICAS,
+            ) as u32,
+            slot_groups: check.power_of_two(
+                "node.slot_groups",
+                self.node.slot_groups.as_ref(),
+                d.slot_groups.into(),
+                SLOT_GROUPS,
             ) as u32,
             max_attempts: check.count(
                 "node.max_attempts",

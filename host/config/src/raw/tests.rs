@@ -14,6 +14,7 @@ fn defaults() -> Defaults {
             max_payload: 3 << 20,
             reply_timeout: Duration::from_secs(7),
             confirm_replicas: 2,
+            slot_groups: 1,
             max_attempts: 4,
             retry_backoff: Duration::from_millis(30),
             events_retention: 900,
@@ -301,6 +302,17 @@ fn replicas_to_confirm_on_are_taken_up_to_sixteen() {
     let config = parse(Path::new("c.toml"), "[node]\nconfirm_replicas = 1\n").unwrap();
     assert_eq!(config.node.confirm_replicas, 1);
     assert_eq!(parse(Path::new("c.toml"), "").unwrap().node.confirm_replicas, 2, "the default given");
+    let config = parse(Path::new("c.toml"), "[node]\nslot_groups = 16\n").unwrap();
+    assert_eq!(config.node.slot_groups, 16);
+    for wrong in ["0", "3", "128"] {
+        let error = parse(Path::new("c.toml"), &format!("[node]\nslot_groups = {wrong}\n")).unwrap_err();
+        assert!(
+            error.to_string().contains(&format!(
+                "`node.slot_groups` = {wrong} is not allowed: allowed are 1, 2, 4, 8, 16, 32, 64"
+            )),
+            "{error}"
+        );
+    }
     let error = parse(Path::new("c.toml"), "[node]\nconfirm_replicas = 17\n").unwrap_err();
     assert!(
         error.to_string().contains("`node.confirm_replicas` = 17 is out of range: allowed are 0 to 16"),

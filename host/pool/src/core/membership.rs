@@ -15,7 +15,7 @@ use redis::Value;
 use super::fence::{grace, millis};
 use super::{Core, Join};
 use crate::error::{Error, Result};
-use crate::hash::{VIRTUAL_SLOTS, slot_count};
+use crate::hash::{VIRTUAL_SLOTS, slot_count, slot_groups};
 use crate::keys::PoolKeys;
 use crate::options::Release;
 use crate::scripts;
@@ -272,7 +272,7 @@ impl Core {
     /// the epoch now in Redis (a new one if there is none) and writes back
     /// the jobs it runs.
     async fn epoch_changed(&self) -> Result<()> {
-        let (epoch, slot_count) = pool_epoch(&self.conn, &self.keys).await?;
+        let (epoch, slot_count) = pool_epoch(&self.conn, &self.keys, self.options.slot_groups).await?;
         tracing::error!(
             pool = %self.keys.pool,
             was = %self.lease.epoch(),
@@ -343,12 +343,23 @@ impl Core {
 /// the slot count of the pool's table, [`VIRTUAL_SLOTS`]); returns it with
 /// the slot count it records.
 ///
+/// With more than one slot group, the epoch records their number too
+/// (`<hex>:<slots>:g<groups>`).
+///
 /// # Errors
 /// [`Error::IncompatiblePool`] for an epoch without a slot count (a pool
-/// this version cannot route for); Redis failures.
-pub(crate) async fn pool_epoch(conn: &pulse_redis::Shared, keys: &PoolKeys) -> Result<(String, u32)> {
+/// this version cannot route for); [`Error::SlotGroupsDiffer`] for a pool
+/// of another number of slot groups than `groups`; Redis failures.
+pub(crate) async fn pool_epoch(
+    conn: &pulse_redis::Shared,
+    keys: &PoolKeys,
+    groups: u32,
+) -> Result<(String, u32)> {
     let mut conn = conn.clone();
-    let candidate = format!("{:016x}:{VIRTUAL_SLOTS}", fastrand::u64(..));
+    let mut candidate = format!("{:016x}:{VIRTUAL_SLOTS}", fastrand::u64(..));
+    if groups > 1 {
+        candidate.push_str(&format!(":g{groups}"));
+    }
     let (epoch,): (String,) = redis::pipe()
         .set_nx(&keys.epoch, &candidate)
         .ignore()
@@ -356,9 +367,12 @@ pub(crate) async fn pool_epoch(conn: &pulse_redis::Shared, keys: &PoolKeys) -> R
         .query_async(&mut conn)
         .await
         .map_err(keys.redis_error("read the epoch"))?;
-    match slot_count(&epoch) {
-        Some(slots) => Ok((epoch, slots)),
-        None => Err(Error::IncompatiblePool { pool: keys.pool.clone(), epoch }),
+    match (slot_count(&epoch), slot_groups(&epoch)) {
+        (Some(_), Some(pool_has)) if pool_has != groups => {
+            Err(Error::SlotGroupsDiffer { pool: keys.pool.clone(), configured: groups, pool_has })
+        }
+        (Some(slots), Some(_)) => Ok((epoch, slots)),
+        _ => Err(Error::IncompatiblePool { pool: keys.pool.clone(), epoch }),
     }
 }
 

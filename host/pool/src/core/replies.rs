@@ -109,7 +109,7 @@ impl Drop for Waiter<'_> {
 /// Creates the node's reply stream and starts the task that reads it.
 pub(crate) async fn start(core: &Arc<Core>, token: &CancellationToken) -> Result<()> {
     let options =
-        StreamOptions::default().hash_tag(&core.keys.pool).ttl(pulse_streams::Ttl::Sliding(REPLY_STREAM_TTL));
+        StreamOptions::default().hash_tag(&core.keys.tag).ttl(pulse_streams::Ttl::Sliding(REPLY_STREAM_TTL));
     let stream = Stream::open(&core.client, &PoolKeys::replies_name(&core.id), options).await?;
     // Workers answer with NOMKSTREAM, so answers to a node that is gone
     // create nothing: the stream must exist first.

@@ -19,6 +19,9 @@ use crate::error::Result;
 use crate::job::DispatchOutcome;
 use crate::scripts;
 
+/// Jobs of a batch: key and payload.
+type Jobs = Vec<(String, Vec<u8>)>;
+
 /// Jobs one script starts, at most.
 const GROUP: usize = 500;
 
@@ -47,7 +50,40 @@ impl Node {
     /// # Cancel safety
     /// Not cancel safe: the jobs sent are dispatched whether or not their
     /// answers are awaited.
+    ///
+    /// With several slot groups, each group's jobs go as a batch of their
+    /// own, all groups at once.
     pub async fn dispatch_batch(&self, jobs: &[(String, Vec<u8>)]) -> Vec<Result<DispatchOutcome>> {
+        if self.others.is_empty() {
+            return self.dispatch_batch_here(jobs).await;
+        }
+        let groups = u32::try_from(self.others.len() + 1).unwrap_or(1);
+        let slots = self.core.lease.slot_count();
+        // Per group: the jobs' places in `jobs`, and the jobs.
+        let mut by_group: Vec<(Vec<usize>, Jobs)> = vec![Default::default(); groups as usize];
+        for (index, job) in jobs.iter().enumerate() {
+            let (indexes, group_jobs) = &mut by_group[crate::hash::group_of(&job.0, slots, groups) as usize];
+            indexes.push(index);
+            group_jobs.push(job.clone());
+        }
+        let sends = by_group.iter().enumerate().map(|(group, (_, group_jobs))| async move {
+            match group_jobs.is_empty() {
+                true => Vec::new(),
+                false => self.group(u32::try_from(group).unwrap_or(0)).dispatch_batch_here(group_jobs).await,
+            }
+        });
+        let answers = futures_util::future::join_all(sends).await;
+        let mut outcomes: Vec<Option<Result<DispatchOutcome>>> = jobs.iter().map(|_| None).collect();
+        for ((indexes, _), answers) in by_group.into_iter().zip(answers) {
+            for (index, outcome) in indexes.into_iter().zip(answers) {
+                outcomes[index] = Some(outcome);
+            }
+        }
+        outcomes.into_iter().map(|outcome| outcome.expect("an outcome per job")).collect()
+    }
+
+    /// [`Node::dispatch_batch`] of jobs of this node's slot group.
+    async fn dispatch_batch_here(&self, jobs: &[(String, Vec<u8>)]) -> Vec<Result<DispatchOutcome>> {
         let began = Instant::now();
         let core = &self.core;
         let mut outcomes: Vec<Option<Result<DispatchOutcome>>> = jobs.iter().map(|_| None).collect();

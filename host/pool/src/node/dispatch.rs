@@ -24,6 +24,11 @@ impl Node {
     /// Not cancel safe: once sent, the job is dispatched whether or not the
     /// answer is awaited.
     pub async fn dispatch(&self, key: &str, payload: &[u8]) -> Result<DispatchOutcome> {
+        self.elsewhere(key).unwrap_or(self).dispatch_here(key, payload).await
+    }
+
+    /// [`Node::dispatch`] in this node's slot group.
+    async fn dispatch_here(&self, key: &str, payload: &[u8]) -> Result<DispatchOutcome> {
         let started = std::time::Instant::now();
         let outcome = self.send_dispatch(key, payload).await;
         if let Ok(outcome) = &outcome {
@@ -87,7 +92,7 @@ impl Node {
     /// answer is awaited.
     pub async fn stop(&self, key: &str) -> Result<EventOutcome> {
         self.validate(key, 0)?;
-        self.send_event("stop", key, b"").await
+        self.elsewhere(key).unwrap_or(self).send_event("stop", key, b"").await
     }
 
     /// Sends a notification to job `key`, in order with every other event
@@ -101,7 +106,7 @@ impl Node {
     /// not its answer is awaited.
     pub async fn notify(&self, key: &str, payload: &[u8]) -> Result<EventOutcome> {
         self.validate(key, payload.len())?;
-        self.send_event("notify", key, payload).await
+        self.elsewhere(key).unwrap_or(self).send_event("notify", key, payload).await
     }
 
     /// Starts a failed job again from its first attempt; returns whether the
@@ -115,9 +120,10 @@ impl Node {
     /// future is polled to completion.
     pub async fn retry(&self, key: &str) -> Result<bool> {
         self.validate(key, 0)?;
-        let reset = self.reset_failed(key, "retry").await?;
+        let node = self.elsewhere(key).unwrap_or(self);
+        let reset = node.reset_failed(key, "retry").await?;
         if reset {
-            self.core.assign(key).await?;
+            node.core.assign(key).await?;
         }
         Ok(reset)
     }
@@ -133,7 +139,7 @@ impl Node {
     /// future is polled to completion.
     pub async fn forget(&self, key: &str) -> Result<bool> {
         self.validate(key, 0)?;
-        self.reset_failed(key, "forget").await
+        self.elsewhere(key).unwrap_or(self).reset_failed(key, "forget").await
     }
 
     async fn reset_failed(&self, key: &str, mode: &str) -> Result<bool> {

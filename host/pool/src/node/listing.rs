@@ -73,7 +73,8 @@ impl Node {
     /// # Cancel safety
     /// Cancel safe: it only reads.
     pub async fn status(&self, key: &str) -> Result<Option<JobInfo>> {
-        status(&mut self.core.conn.clone(), &self.core.keys, key).await
+        let core = &self.elsewhere(key).unwrap_or(self).core;
+        status(&mut core.conn.clone(), &core.keys, key).await
     }
 
     /// Every job of the pool, in no particular order.
@@ -84,7 +85,11 @@ impl Node {
     /// # Cancel safety
     /// Cancel safe: it only reads.
     pub async fn jobs(&self) -> Result<Vec<JobInfo>> {
-        all_jobs(&mut self.core.conn.clone(), &self.core.keys).await
+        let mut jobs = Vec::new();
+        for node in self.groups() {
+            jobs.extend(all_jobs(&mut node.core.conn.clone(), &node.core.keys).await?);
+        }
+        Ok(jobs)
     }
 
     /// One page of the pool's jobs, about `count` of them (Redis `HSCAN`:
@@ -98,8 +103,26 @@ impl Node {
     ///
     /// # Cancel safety
     /// Cancel safe: it only reads.
+    ///
+    /// With several slot groups, the groups are listed one after the
+    /// other: the cursor carries the group in its top byte.
     pub async fn jobs_page(&self, cursor: u64, count: usize) -> Result<(u64, Vec<JobInfo>)> {
-        jobs_page(&mut self.core.conn.clone(), &self.core.keys, cursor, count).await
+        let (group, inner) = (cursor >> GROUP_SHIFT, cursor & !(u64::MAX << GROUP_SHIFT));
+        let groups = self.others.len() as u64 + 1;
+        let Some(node) = u32::try_from(group).ok().filter(|_| group < groups).map(|group| self.group(group))
+        else {
+            return Ok((0, Vec::new()));
+        };
+        let (next, jobs) = jobs_page(&mut node.core.conn.clone(), &node.core.keys, inner, count).await?;
+        if next >> GROUP_SHIFT != 0 {
+            return Err(crate::core::protocol("list jobs", &format!("a cursor of {next}")));
+        }
+        let next = match next {
+            0 if group + 1 == groups => 0,
+            0 => (group + 1) << GROUP_SHIFT,
+            next => (group << GROUP_SHIFT) | next,
+        };
+        Ok((next, jobs))
     }
 
     /// How many jobs the pool holds, by state: one script, costing
@@ -111,6 +134,17 @@ impl Node {
     /// # Cancel safety
     /// Cancel safe: it only reads.
     pub async fn job_counts(&self) -> Result<JobCounts> {
+        let mut counts = JobCounts::default();
+        for node in self.groups() {
+            let group = node.group_counts().await?;
+            counts.running += group.running;
+            counts.queued += group.queued;
+            counts.failed += group.failed;
+        }
+        Ok(counts)
+    }
+
+    async fn group_counts(&self) -> Result<JobCounts> {
         let keys = &self.core.keys;
         let mut invocation = crate::scripts::COUNTS.key(&keys.jobs);
         invocation.key(&keys.queued);
@@ -123,10 +157,35 @@ impl Node {
         Ok(JobCounts { running: owned, queued, failed: total.saturating_sub(queued + owned) })
     }
 
+    /// Whether each of `keys` is a job of the pool: one `HMGET` per slot
+    /// group.
+    pub(crate) async fn existing(&self, keys: &[&str]) -> redis::RedisResult<Vec<bool>> {
+        let mut answers = vec![false; keys.len()];
+        let groups = u32::try_from(self.others.len() + 1).unwrap_or(1);
+        let slots = self.core.lease.slot_count();
+        for (group, node) in (0..groups).zip(self.groups()) {
+            let indexes: Vec<usize> =
+                (0..keys.len()).filter(|&i| crate::hash::group_of(keys[i], slots, groups) == group).collect();
+            if indexes.is_empty() {
+                continue;
+            }
+            let mut hmget = redis::cmd("HMGET");
+            hmget.arg(&node.core.keys.jobs);
+            for &i in &indexes {
+                hmget.arg(keys[i]);
+            }
+            let found: Vec<Option<String>> = hmget.query_async(&mut node.core.conn.clone()).await?;
+            for (i, found) in indexes.into_iter().zip(found) {
+                answers[i] = found.is_some();
+            }
+        }
+        Ok(answers)
+    }
+
     /// The worker `key` routes to now by this node's replica of the slot
     /// table; `None` when no worker holds its slot (none is a member).
     pub fn owner(&self, key: &str) -> Option<String> {
-        Some(self.core.route(key).1).filter(|worker| !worker.is_empty())
+        Some(self.elsewhere(key).unwrap_or(self).core.route(key).1).filter(|worker| !worker.is_empty())
     }
 
     /// The pool's workers, by join number.
@@ -137,10 +196,20 @@ impl Node {
     /// # Cancel safety
     /// Cancel safe: it only reads.
     pub async fn workers(&self) -> Result<Vec<WorkerInfo>> {
-        let (slots, workers) = (self.core.slots.value_counts(), self.core.workers.snapshot());
-        workers_of(&mut self.core.conn.clone(), &self.core.keys, slots, workers).await
+        let mut per_group = Vec::with_capacity(self.others.len() + 1);
+        for node in self.groups() {
+            let core = &node.core;
+            let (slots, workers) = (core.slots.value_counts(), core.workers.snapshot());
+            per_group.push(workers_of(&mut core.conn.clone(), &core.keys, slots, workers).await?);
+        }
+        Ok(merge_workers(per_group))
     }
 }
+
+/// Where a page cursor of a pool of several slot groups keeps the group:
+/// its top byte (`HSCAN` cursors of a hash of fewer than 2^56 buckets stay
+/// below).
+const GROUP_SHIFT: u32 = 56;
 
 pub(super) fn nodes_of(workers: HashMap<String, String>) -> Vec<NodeInfo> {
     let mut nodes: BTreeMap<String, NodeInfo> = BTreeMap::new();
@@ -322,6 +391,41 @@ pub(super) async fn workers_of<C: ConnectionLike + Send>(
     }
     workers.sort_by_key(|w| w.join);
     Ok(workers)
+}
+
+/// One list of workers out of each slot group's (`per_group`, group 0's
+/// first): a worker is a member of every group, under one id. Its jobs are
+/// summed; its slots are its average share of a group's table (each group
+/// has the pool's slot count); its join number and release are group 0's,
+/// or those of the first group listing it.
+pub(super) fn merge_workers(per_group: Vec<Vec<WorkerInfo>>) -> Vec<WorkerInfo> {
+    let groups = per_group.len().max(1) as u64;
+    if groups == 1 {
+        return per_group.into_iter().next().unwrap_or_default();
+    }
+    let mut merged: BTreeMap<String, (WorkerInfo, u64)> = BTreeMap::new();
+    for worker in per_group.into_iter().flatten() {
+        let slots = u64::from(worker.slots);
+        match merged.entry(worker.id.clone()) {
+            std::collections::btree_map::Entry::Vacant(entry) => {
+                entry.insert((worker, slots));
+            }
+            std::collections::btree_map::Entry::Occupied(mut entry) => {
+                let (first, total) = entry.get_mut();
+                first.jobs += worker.jobs;
+                *total += slots;
+            }
+        }
+    }
+    let mut workers: Vec<WorkerInfo> = merged
+        .into_values()
+        .map(|(mut worker, slots)| {
+            worker.slots = u32::try_from(slots / groups).unwrap_or(u32::MAX);
+            worker
+        })
+        .collect();
+    workers.sort_by_key(|w| w.join);
+    workers
 }
 
 fn info(key: &str, ownership: &str, (created, attempt, reason): Record) -> Option<JobInfo> {

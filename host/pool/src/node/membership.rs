@@ -45,7 +45,35 @@ impl Node {
     /// Not cancel safe: a worker that joined before the future was dropped
     /// stays a member without a handle; close the node.
     pub async fn add_worker_with<H: JobHandler>(&self, handler: H, options: WorkerOptions) -> Result<String> {
-        self.spawn_worker(handler, options, None).await
+        if self.others.is_empty() {
+            return self.spawn_worker(handler, options, None, None).await;
+        }
+        self.spawn_everywhere(Arc::new(handler), &options, None).await
+    }
+
+    /// Adds a worker running `handler` to every slot group, under the id
+    /// group 0 gives it (holding `heir_of`'s slots in each when given).
+    /// A group it cannot join undoes the groups it joined.
+    async fn spawn_everywhere<H: JobHandler>(
+        &self,
+        handler: Arc<H>,
+        options: &WorkerOptions,
+        heir_of: Option<&str>,
+    ) -> Result<String> {
+        let id = self.spawn_worker(handler.clone(), options.clone(), heir_of, None).await?;
+        for (done, node) in self.others.iter().enumerate() {
+            if let Err(error) = node.spawn_worker(handler.clone(), options.clone(), heir_of, Some(&id)).await
+            {
+                let joined = std::iter::once(self).chain(&self.others[..done]);
+                for node in joined {
+                    if let Err(undo) = node.remove_workers(std::slice::from_ref(&id)).await {
+                        tracing::warn!(worker = %id, error = %undo, "failed to undo a worker's join");
+                    }
+                }
+                return Err(error);
+            }
+        }
+        Ok(id)
     }
 
     /// Replaces worker `old` of this node by a new one running `handler`
@@ -70,18 +98,23 @@ impl Node {
         if !self.lock_workers().contains_key(old) {
             return Err(Error::UnknownWorker(old.to_owned()));
         }
-        let id = self.spawn_worker(handler, options, Some(old)).await?;
+        let id = match self.others.is_empty() {
+            true => self.spawn_worker(handler, options, Some(old), None).await?,
+            false => self.spawn_everywhere(Arc::new(handler), &options, Some(old)).await?,
+        };
         self.remove_worker(old).await?;
         Ok(id)
     }
 
     /// Starts a worker reading its inbox and makes it a member (holding
-    /// `heir_of`'s slots when given); returns its id.
+    /// `heir_of`'s slots when given); returns its id: `id` when given (the
+    /// id the worker has in group 0), otherwise a new one.
     async fn spawn_worker<H: JobHandler>(
         &self,
         handler: H,
         options: WorkerOptions,
         heir_of: Option<&str>,
+        id: Option<&str>,
     ) -> Result<String> {
         if self.client_only {
             return Err(Error::ClientOnly);
@@ -97,7 +130,7 @@ impl Node {
             .query_async(&mut conn)
             .await
             .map_err(core.redis_error("join"))?;
-        let id = format!("w{join}");
+        let id = id.map_or_else(|| format!("w{join}"), str::to_owned);
         // Reading before taking a slot: starts routed to it are not missed.
         let handle = worker::spawn(self.core.clone(), id.clone(), join, handler, &options).await?;
         if let Err(error) = core.join_worker(&id, join, &options.release, heir_of).await {
@@ -168,7 +201,10 @@ impl Node {
     /// slots without handing its jobs back; they are queued when it is
     /// evicted.
     pub async fn remove_worker(&self, id: &str) -> Result<()> {
-        self.remove_workers(&[id.to_owned()]).await
+        let ids = [id.to_owned()];
+        let removed =
+            futures_util::future::join_all(self.groups().map(|node| node.remove_workers(&ids))).await;
+        removed.into_iter().collect()
     }
 
     /// Removes workers `ids` of this node together: all leave the slot
@@ -221,6 +257,22 @@ impl Node {
     /// Not cancel safe: once the shutdown flag is set the pool shuts down;
     /// call it again to finish removing its keys.
     pub async fn shutdown(&self, timeout: Duration) -> Result<u64> {
+        // Every group's flag first, group 0's before the others: no node
+        // joins while the groups go. Group 0's keys go last, so the pool
+        // is not created anew meanwhile.
+        let mut jobs = 0;
+        for node in self.groups() {
+            jobs += node.flag_shutdown().await?;
+        }
+        let others =
+            futures_util::future::join_all(self.others.iter().map(|node| node.remove_group(timeout)));
+        others.await.into_iter().collect::<Result<()>>()?;
+        self.remove_group(timeout).await?;
+        Ok(jobs)
+    }
+
+    /// Sets this slot group's shutdown flag; returns the jobs it held.
+    async fn flag_shutdown(&self) -> Result<u64> {
         let core = &self.core;
         let mut conn = core.conn.clone();
         let (_, jobs): ((), u64) = redis::pipe()
@@ -229,7 +281,15 @@ impl Node {
             .query_async(&mut conn)
             .await
             .map_err(core.redis_error("shut the pool down"))?;
-        tracing::info!(pool = %core.keys.pool, jobs, "shutting the pool down");
+        tracing::info!(pool = %core.keys.pool, group = %core.keys.tag, jobs, "shutting the pool down");
+        Ok(jobs)
+    }
+
+    /// Once its flag is set: waits for this slot group's workers to leave
+    /// (evicting dead ones), then removes its keys, the flag last.
+    async fn remove_group(&self, timeout: Duration) -> Result<()> {
+        let core = &self.core;
+        let mut conn = core.conn.clone();
         // Every full node sees the flag at its next renewal, stops its jobs
         // and its workers leave; dead nodes' workers are evicted here once
         // their leases expire (live nodes run no janitor any more).
@@ -272,8 +332,8 @@ impl Node {
             .query_async(&mut conn)
             .await
             .map_err(core.redis_error("remove the pool's keys"))?;
-        tracing::info!(pool = %core.keys.pool, "pool shut down");
-        Ok(jobs)
+        tracing::info!(pool = %core.keys.pool, group = %core.keys.tag, "pool shut down");
+        Ok(())
     }
 }
 

@@ -29,7 +29,7 @@ use tracing::Instrument;
 
 use crate::core::{self, Core};
 use crate::error::{Error, Result};
-use crate::keys::{PoolKeys, SLOTS_MAP, WORKERS_MAP, validate_pool};
+use crate::keys::{MAX_SLOT_GROUPS, PoolKeys, SLOTS_MAP, WORKERS_MAP, validate_pool};
 use crate::options::NodeOptions;
 use crate::worker::WorkerHandle;
 
@@ -68,6 +68,11 @@ pub struct Node {
     confirm: Option<confirm::Confirm>,
     /// Becomes true once the pool shut down and this node's workers left.
     stopped: tokio::sync::watch::Receiver<bool>,
+    /// The pool's other slot groups (none for a pool of one group), each
+    /// joined as a node of its own in its group's keys, under this node's
+    /// id and with the same workers. This node is group 0, where the
+    /// pool-wide records live (epoch, handler, tickers, schedules).
+    others: Vec<Node>,
 }
 
 impl Node {
@@ -103,7 +108,41 @@ impl Node {
         client_only: bool,
     ) -> Result<Self> {
         validate_pool(pool)?;
-        let keys = PoolKeys::new(pool);
+        let groups = options.slot_groups;
+        if !(crate::hash::valid_groups(groups, crate::hash::VIRTUAL_SLOTS) && groups <= MAX_SLOT_GROUPS) {
+            return Err(Error::InvalidSlotGroups(groups));
+        }
+        // A ULID: unique across hosts (every container's process may be
+        // pid 1) and sortable by when the node joined.
+        let id = ulid::Ulid::new().to_string();
+        // Group 0 first: its epoch says whether the pool has `groups`
+        // groups before any other group's keys are written.
+        let mut node = Self::start_group(client, PoolKeys::new(pool), &options, client_only, &id).await?;
+        for group in 1..groups {
+            let keys = PoolKeys::group(pool, group, groups);
+            match Self::start_group(client, keys, &options, client_only, &id).await {
+                Ok(member) => node.others.push(member),
+                Err(error) => {
+                    node.close().await;
+                    return Err(error);
+                }
+            }
+        }
+        tracing::info!(pool, node = %id, client_only, groups, "joined the pool");
+        Ok(node)
+    }
+
+    /// Joins the slot group whose keys are `keys` as node `id`.
+    async fn start_group(
+        client: &pulse_redis::Redis,
+        keys: PoolKeys,
+        options: &NodeOptions,
+        client_only: bool,
+        id: &str,
+    ) -> Result<Self> {
+        let mut options = options.clone();
+        // No counter spans the groups: each admits its share.
+        options.max_jobs = options.max_jobs.div_ceil(u64::from(options.slot_groups));
         let conn = client.shared().await.map_err(keys.redis_error("connect"))?;
         if !client_only {
             refuse_evicting_redis(&conn).await?;
@@ -114,18 +153,17 @@ impl Node {
                 .await
                 .map_err(keys.redis_error("join"))?;
             if shutting_down {
-                return Err(Error::ShuttingDown(pool.to_owned()));
+                return Err(Error::ShuttingDown(keys.pool.clone()));
             }
         }
-        let (epoch, slot_count) = core::pool_epoch(&conn, &keys).await?;
+        let (epoch, slot_count) = core::pool_epoch(&conn, &keys, options.slot_groups).await?;
         let confirm = confirm::Confirm::new(client, &options);
-        let slots = Map::join(client, SLOTS_MAP, MapOptions::default().hash_tag(pool)).await?;
-        let workers = Map::join(client, WORKERS_MAP, MapOptions::default().hash_tag(pool)).await?;
-        // A ULID: unique across hosts (every container's process may be
-        // pid 1) and sortable by when the node joined.
-        let id = ulid::Ulid::new().to_string();
+        let tag = MapOptions::default().hash_tag(&keys.tag);
+        let slots = Map::join(client, SLOTS_MAP, tag.clone()).await?;
+        let workers = Map::join(client, WORKERS_MAP, tag).await?;
         let lease = core::Lease::new(epoch, slot_count);
-        let core = Arc::new(Core::new(id, client.clone(), keys, conn, options, (slots, workers), lease));
+        let core =
+            Arc::new(Core::new(id.to_owned(), client.clone(), keys, conn, options, (slots, workers), lease));
         let token = core.token.clone();
         core::start_replies(&core, &token).await?;
         let tasks = &core.tasks;
@@ -133,15 +171,39 @@ impl Node {
         let (stopped_tx, stopped) = tokio::sync::watch::channel(false);
         if !client_only {
             let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
-            let span = tracing::info_span!("pool.lease", node = %core.id);
+            let span = tracing::info_span!("pool.lease", node = %core.id, group = %core.keys.tag);
             tasks.spawn(upkeep::run(core.clone(), token.clone(), shutdown_tx).instrument(span.clone()));
             tasks.spawn(
                 membership::on_shutdown(core.clone(), local_workers.clone(), shutdown_rx, stopped_tx)
                     .instrument(span),
             );
         }
-        tracing::info!(pool, node = %core.id, client_only, "joined the pool");
-        Ok(Self { core, client_only, local_workers, confirm, stopped })
+        Ok(Self { core, client_only, local_workers, confirm, stopped, others: Vec::new() })
+    }
+
+    /// The node of slot group `group` (0: this one).
+    fn group(&self, group: u32) -> &Node {
+        match group {
+            0 => self,
+            group => &self.others[group as usize - 1],
+        }
+    }
+
+    /// Every slot group's node, group 0's (this one) first.
+    fn groups(&self) -> impl Iterator<Item = &Node> {
+        std::iter::once(self).chain(&self.others)
+    }
+
+    /// The node of `key`'s slot group when it is not this one.
+    fn elsewhere(&self, key: &str) -> Option<&Node> {
+        if self.others.is_empty() {
+            return None;
+        }
+        let groups = u32::try_from(self.others.len() + 1).unwrap_or(1);
+        match crate::hash::group_of(key, self.core.lease.slot_count(), groups) {
+            0 => None,
+            group => Some(self.group(group)),
+        }
     }
 
     /// Waits until the pool shuts down ([`Node::shutdown`], from any node),
@@ -152,6 +214,10 @@ impl Node {
     /// # Cancel safety
     /// Cancel safe: it only waits.
     pub async fn pool_shut_down(&self) {
+        futures_util::future::join_all(self.groups().map(Node::group_shut_down)).await;
+    }
+
+    async fn group_shut_down(&self) {
         let mut stopped = self.stopped.clone();
         if stopped.wait_for(|stopped| *stopped).await.is_err() {
             std::future::pending::<()>().await;
@@ -168,7 +234,7 @@ impl Node {
     /// again because its slot table was stale or the job's owner had
     /// changed: a measure of membership churn (0 in a steady pool).
     pub fn routing_retries(&self) -> u64 {
-        self.core.routing_retries.load(Ordering::Relaxed)
+        self.groups().map(|node| node.core.routing_retries.load(Ordering::Relaxed)).sum()
     }
 
     /// What the pool's jobs emitted.
@@ -200,6 +266,11 @@ impl Node {
     /// Not cancel safe: call it to completion so every worker hands its jobs
     /// back.
     pub async fn close(&self) {
+        futures_util::future::join_all(self.groups().map(Node::close_group)).await;
+        tracing::info!(pool = %self.core.keys.pool, node = %self.core.id, "left the pool");
+    }
+
+    async fn close_group(&self) {
         let workers: Vec<String> = self.lock_workers().keys().cloned().collect();
         if let Err(error) = self.remove_workers(&workers).await {
             tracing::warn!(error = %error, "failed to remove the workers while closing");
@@ -221,7 +292,6 @@ impl Node {
         let _: redis::RedisResult<()> = redis::cmd("DEL").arg(&self.core.replies).exec_async(&mut conn).await;
         self.core.slots.close().await;
         self.core.workers.close().await;
-        tracing::info!(pool = %self.core.keys.pool, node = %self.core.id, "left the pool");
     }
 
     fn lock_workers(&self) -> std::sync::MutexGuard<'_, HashMap<String, WorkerHandle>> {

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use pulse_rmap::{Map, MapOptions};
 
-use super::listing::{NodeInfo, WorkerInfo, all_jobs, nodes_of, status, workers_of};
+use super::listing::{NodeInfo, WorkerInfo, all_jobs, merge_workers, nodes_of, status, workers_of};
 use crate::error::Result;
 use crate::job::JobInfo;
 use crate::keys::{PoolKeys, SLOTS_MAP, WORKERS_MAP, validate_pool};
@@ -18,7 +18,12 @@ use crate::keys::{PoolKeys, SLOTS_MAP, WORKERS_MAP, validate_pool};
 #[derive(Clone)]
 pub struct PoolView {
     conn: pulse_redis::Shared,
+    /// Group 0's keys: the pool-wide records are there.
     keys: PoolKeys,
+    /// Every slot group's keys, group 0's first.
+    groups: Vec<PoolKeys>,
+    /// The pool's slot count (a key's group comes from its slot).
+    slot_count: u32,
 }
 
 impl std::fmt::Debug for PoolView {
@@ -39,7 +44,29 @@ impl PoolView {
         validate_pool(pool)?;
         let keys = PoolKeys::new(pool);
         let conn = client.shared().await.map_err(keys.redis_error("connect"))?;
-        Ok(Self { conn, keys })
+        let epoch: Option<String> = redis::cmd("GET")
+            .arg(&keys.epoch)
+            .query_async(&mut conn.clone())
+            .await
+            .map_err(keys.redis_error("read the epoch"))?;
+        // A pool that does not exist (yet) lists as one empty group.
+        let (slot_count, groups) = epoch
+            .as_deref()
+            .and_then(|epoch| Some((crate::hash::slot_count(epoch)?, crate::hash::slot_groups(epoch)?)))
+            .unwrap_or((crate::hash::VIRTUAL_SLOTS, 1));
+        let groups = (0..groups).map(|group| PoolKeys::group(pool, group, groups)).collect();
+        Ok(Self { conn, keys, groups, slot_count })
+    }
+
+    /// The pool's slot groups (1 for a pool that does not exist).
+    pub fn slot_groups(&self) -> u32 {
+        u32::try_from(self.groups.len()).unwrap_or(1)
+    }
+
+    /// The keys of `key`'s slot group.
+    fn keys_of(&self, key: &str) -> &PoolKeys {
+        let groups = u32::try_from(self.groups.len()).unwrap_or(1);
+        &self.groups[crate::hash::group_of(key, self.slot_count, groups) as usize]
     }
 
     /// What the pool knows of job `key`.
@@ -50,7 +77,7 @@ impl PoolView {
     /// # Cancel safety
     /// Cancel safe: it only reads.
     pub async fn status(&self, key: &str) -> Result<Option<JobInfo>> {
-        status(&mut self.conn.clone(), &self.keys, key).await
+        status(&mut self.conn.clone(), self.keys_of(key), key).await
     }
 
     /// Every job of the pool, in no particular order.
@@ -61,7 +88,11 @@ impl PoolView {
     /// # Cancel safety
     /// Cancel safe: it only reads.
     pub async fn jobs(&self) -> Result<Vec<JobInfo>> {
-        all_jobs(&mut self.conn.clone(), &self.keys).await
+        let mut jobs = Vec::new();
+        for keys in &self.groups {
+            jobs.extend(all_jobs(&mut self.conn.clone(), keys).await?);
+        }
+        Ok(jobs)
     }
 
     /// The pool's workers, by join number.
@@ -72,12 +103,16 @@ impl PoolView {
     /// # Cancel safety
     /// Cancel safe: it only reads.
     pub async fn workers(&self) -> Result<Vec<WorkerInfo>> {
-        let (slots, workers) = self.maps().await?;
-        let mut held: HashMap<String, usize> = HashMap::new();
-        for worker in slots.into_values() {
-            *held.entry(worker).or_default() += 1;
+        let mut per_group = Vec::with_capacity(self.groups.len());
+        for keys in &self.groups {
+            let (slots, workers) = self.maps(keys).await?;
+            let mut held: HashMap<String, usize> = HashMap::new();
+            for worker in slots.into_values() {
+                *held.entry(worker).or_default() += 1;
+            }
+            per_group.push(workers_of(&mut self.conn.clone(), keys, held, workers).await?);
         }
-        workers_of(&mut self.conn.clone(), &self.keys, held, workers).await
+        Ok(merge_workers(per_group))
     }
 
     /// The handler recorded as the pool's (see [`super::Node::claim_handler`]);
@@ -104,13 +139,14 @@ impl PoolView {
     /// # Cancel safety
     /// Cancel safe: it only reads.
     pub async fn nodes(&self) -> Result<Vec<NodeInfo>> {
-        let (_, workers) = self.maps().await?;
+        let (_, workers) = self.maps(&self.keys).await?;
         Ok(nodes_of(workers))
     }
 
-    /// The slot table and the workers map, each read once.
-    async fn maps(&self) -> Result<(HashMap<String, String>, HashMap<String, String>)> {
-        let options = MapOptions::default().hash_tag(&self.keys.pool);
+    /// The slot table and the workers map of the group of `keys`, each
+    /// read once.
+    async fn maps(&self, keys: &PoolKeys) -> Result<(HashMap<String, String>, HashMap<String, String>)> {
+        let options = MapOptions::default().hash_tag(&keys.tag);
         let mut conn = self.conn.clone();
         let slots = Map::read_once(&mut conn, SLOTS_MAP, &options).await?;
         let workers = Map::read_once(&mut conn, WORKERS_MAP, &options).await?;

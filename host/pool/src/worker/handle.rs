@@ -91,7 +91,7 @@ pub(crate) async fn spawn<H: JobHandler>(
     let inbox_stream = Stream::open(
         &core.client,
         &PoolKeys::inbox_name(&id),
-        StreamOptions::default().hash_tag(&core.keys.pool),
+        StreamOptions::default().hash_tag(&core.keys.tag),
     )
     .await?;
     let inbox_options = ReaderOptions::default()

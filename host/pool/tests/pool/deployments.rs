@@ -65,10 +65,21 @@ async fn run_through_a_failover<T: Send + 'static>(
     pool: &str,
     fault: impl FnOnce() -> T + Send + 'static,
 ) -> T {
+    run_through_a_failover_in(redis, pool, 1, fault).await
+}
+
+/// [`run_through_a_failover`] for a pool of `groups` slot groups.
+async fn run_through_a_failover_in<T: Send + 'static>(
+    redis: &pulse_redis::Redis,
+    pool: &str,
+    groups: u32,
+    fault: impl FnOnce() -> T + Send + 'static,
+) -> T {
     pulse_testkit::init_tracing();
     let calls = Calls::default();
-    let first = Node::join(redis, pool, options()).await.unwrap();
-    let second = Node::join(redis, pool, options()).await.unwrap();
+    let options = NodeOptions { slot_groups: groups, ..options() };
+    let first = Node::join(redis, pool, options.clone()).await.unwrap();
+    let second = Node::join(redis, pool, options).await.unwrap();
     for node in [&first, &second] {
         for _ in 0..2 {
             node.add_worker(Recording::new(&calls)).await.unwrap();
@@ -121,19 +132,28 @@ async fn run_through_a_failover<T: Send + 'static>(
     assert_eq!(jobs as usize, keys.len() - 1);
     second.close().await;
     first.close().await;
-    let mut conn = redis.shared().await.unwrap();
-    let (mut cursor, mut left) = (0, Vec::new());
-    loop {
-        let (next, batch) =
-            conn.scan_beside(&format!("{{{pool}}}"), &format!("*{{{pool}}}*"), cursor).await.unwrap();
-        left.extend(batch);
-        if next == 0 {
-            break;
-        }
-        cursor = next;
-    }
+    let left = keys_left(redis, pool, groups).await;
     assert!(left.is_empty(), "keys left: {left:?}");
     outcome
+}
+
+/// The keys of every slot group of `pool` that Redis holds.
+async fn keys_left(redis: &pulse_redis::Redis, pool: &str, groups: u32) -> Vec<String> {
+    let mut conn = redis.shared().await.unwrap();
+    let mut left = Vec::new();
+    for group in 0..groups {
+        let tag = format!("{{{}}}", pulse_pool::group_tag(pool, group, groups));
+        let mut cursor = 0;
+        loop {
+            let (next, batch) = conn.scan_beside(&tag, &format!("*{tag}*"), cursor).await.unwrap();
+            left.extend(batch);
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+    }
+    left
 }
 
 /// On a healthy cluster of three masters.
@@ -144,6 +164,94 @@ async fn a_pool_runs_on_a_redis_cluster() {
     redis.verify().await.unwrap();
     let pool = pulse_testkit::unique("cluster");
     run_through_a_failover(&redis, &pool, || {}).await;
+}
+
+/// A pool of 16 slot groups on a cluster of three masters: the groups
+/// spread over every master, and the pool keeps every guarantee.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_of_slot_groups_spreads_over_the_cluster_s_masters() {
+    let cluster = RedisCluster::start(3, 0);
+    let redis = pulse_redis::Redis::open(&cluster.url()).unwrap();
+    redis.verify().await.unwrap();
+    let pool = pulse_testkit::unique("cluster-groups");
+    let mut per_master = [0; 3];
+    for group in 0..16 {
+        per_master[cluster.serving(&format!("{{{}}}", pulse_pool::group_tag(&pool, group, 16)))] += 1;
+    }
+    assert!(per_master.iter().all(|&groups| (4..=6).contains(&groups)), "groups per master: {per_master:?}");
+    let spread = pool.clone();
+    let (_, held) = tokio::join!(run_through_a_failover_in(&redis, &pool, 16, || {}), async {
+        // While the jobs run: every master holds some of the pool's jobs.
+        let mut conn = redis.shared().await.unwrap();
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            let mut held = [0u64; 3];
+            for group in 0..16 {
+                let tag = pulse_pool::group_tag(&spread, group, 16);
+                let jobs: u64 = redis::cmd("HLEN")
+                    .arg(format!("pulse:{{{tag}}}:jobs"))
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                held[cluster.serving(&format!("{{{tag}}}"))] += jobs;
+            }
+            if held.iter().all(|&jobs| jobs > 0) || tokio::time::Instant::now() > deadline {
+                return held;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    assert!(held.iter().all(|&jobs| jobs > 0), "jobs per master: {held:?}");
+}
+
+/// A master serving some of a grouped pool's slot groups is killed and
+/// its replica promoted while jobs are dispatched to every group.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_of_slot_groups_follows_a_cluster_master_killed_under_it() {
+    let (mut cluster, redis, pool, tag) = cluster_with_replicas("groups-kill").await;
+    // The master of group 0, which holds the pool-wide records too.
+    let serving = cluster.serving(&tag);
+    let kill = move || {
+        let node = &mut cluster.nodes()[serving];
+        let waited = std::process::Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &node.port().to_string(), "WAIT", "1", "5000"])
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&waited.stdout).trim(), "1", "the replica is in step");
+        node.kill();
+        cluster.wait_for_promotion(&tag, serving);
+        cluster
+    };
+    let _cluster = run_through_a_failover_in(&redis, &pool, 8, kill).await;
+}
+
+/// A node configured with another number of slot groups than the pool
+/// has is refused, with the numbers and the way to change them; nothing
+/// of the pool changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_with_other_slot_groups_than_its_pool_is_refused() {
+    let server = RedisServer::start();
+    let redis = pulse_redis::Redis::open(server.url()).unwrap();
+    let pool = pulse_testkit::unique("groups-differ");
+    let node = Node::join(&redis, &pool, NodeOptions { slot_groups: 4, ..options() }).await.unwrap();
+    for (groups, pool_has) in [(1, 4), (8, 4)] {
+        let error =
+            Node::join(&redis, &pool, NodeOptions { slot_groups: groups, ..options() }).await.unwrap_err();
+        assert!(
+            matches!(error, pulse_pool::Error::SlotGroupsDiffer { configured, pool_has: has, .. } if configured == groups && has == pool_has),
+            "{error}"
+        );
+        assert!(error.to_string().contains("slot_groups = 4"), "{error}");
+    }
+    let error = Node::join(&redis, &pool, NodeOptions { slot_groups: 3, ..options() }).await.unwrap_err();
+    assert!(matches!(error, pulse_pool::Error::InvalidSlotGroups(3)), "{error}");
+    node.close().await;
+    // A pool of one group refuses a node of several the same way.
+    let single = pulse_testkit::unique("groups-single");
+    let node = Node::join(&redis, &single, options()).await.unwrap();
+    let error = Node::join(&redis, &single, NodeOptions { slot_groups: 2, ..options() }).await.unwrap_err();
+    assert!(matches!(error, pulse_pool::Error::SlotGroupsDiffer { pool_has: 1, .. }), "{error}");
+    node.close().await;
 }
 
 /// A cluster of three masters with a replica each, and the pool's hash
