@@ -13,7 +13,9 @@ use crate::keys::{EVENTS_STREAM, validate_pool};
 /// One event a job emitted.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Emitted {
-    /// Its id: `<ms>-<seq>`, unique and increasing in the pool.
+    /// Its id: `<ms>-<seq>`, unique and increasing in the pool; in a pool
+    /// of several slot groups `<ms>-<seq>@<group>`, unique in the pool and
+    /// increasing in its group.
     pub id: String,
     /// The key of the job that emitted it.
     pub key: String,
@@ -68,13 +70,9 @@ impl EmittedEvents {
         Ok(Self { pool: pool.to_owned(), stream, others })
     }
 
-    /// Refuses what reads one stream in id order, for a pool of several
-    /// slot groups (whose events are in one stream per group).
-    fn one_stream(&self) -> Result<&Stream> {
-        match self.others.is_empty() {
-            true => Ok(&self.stream),
-            false => Err(crate::Error::GroupedEvents(self.pool.clone())),
-        }
+    /// Every slot group's stream, group 0's first.
+    fn streams(&self) -> impl Iterator<Item = &Stream> {
+        std::iter::once(&self.stream).chain(&self.others)
     }
 
     /// The newest `limit` events, newest first (by the time Redis stored
@@ -86,13 +84,12 @@ impl EmittedEvents {
     /// # Cancel safety
     /// Cancel safe: it only reads.
     pub async fn newest(&self, limit: usize) -> Result<Vec<Emitted>> {
-        let mut events: Vec<Emitted> =
-            self.stream.latest(limit).await?.into_iter().map(Emitted::from).collect();
         if self.others.is_empty() {
-            return Ok(events);
+            return Ok(self.stream.latest(limit).await?.into_iter().map(Emitted::from).collect());
         }
-        for stream in &self.others {
-            events.extend(stream.latest(limit).await?.into_iter().map(Emitted::from));
+        let mut events = Vec::new();
+        for (group, stream) in self.streams().enumerate() {
+            events.extend(stream.latest(limit).await?.into_iter().map(|event| in_group(event, group)));
         }
         events.sort_by(|a, b| b.created_at_ms.cmp(&a.created_at_ms).then_with(|| b.id.cmp(&a.id)));
         events.truncate(limit);
@@ -101,6 +98,8 @@ impl EmittedEvents {
 
     /// The id of the newest event now, `None` when there is none: the
     /// bound for reading every event up to now with [`EmittedEvents::page`].
+    /// For a pool of several slot groups it is a position: each group's
+    /// newest id, in group order, joined by `,`.
     ///
     /// # Errors
     /// Redis failures.
@@ -108,21 +107,58 @@ impl EmittedEvents {
     /// # Cancel safety
     /// Cancel safe: it only reads.
     pub async fn newest_id(&self) -> Result<Option<String>> {
-        Ok(self.one_stream()?.last_id().await?)
+        if self.others.is_empty() {
+            return Ok(self.stream.last_id().await?);
+        }
+        let mut ids = Vec::new();
+        for stream in self.streams() {
+            ids.push(stream.last_id().await?);
+        }
+        if ids.iter().all(Option::is_none) {
+            return Ok(None);
+        }
+        Ok(Some(
+            ids.into_iter().map(|id| id.unwrap_or_else(|| START.to_owned())).collect::<Vec<_>>().join(","),
+        ))
     }
 
     /// Up to `limit` events after id `after` (`None`: from the oldest),
     /// oldest first, and the id to read on from (`None` once nothing is
-    /// left).
+    /// left). For a pool of several slot groups, `after` and the id
+    /// returned are positions (see [`EmittedEvents::newest_id`]), and the
+    /// groups' events are merged by their ids' times.
     ///
     /// # Errors
-    /// Redis failures.
+    /// Redis failures; [`crate::Error::InvalidEventId`] for a position
+    /// that is not one of this pool's.
     ///
     /// # Cancel safety
     /// Cancel safe: it only reads.
     pub async fn page(&self, after: Option<&str>, limit: usize) -> Result<(Vec<Emitted>, Option<String>)> {
-        let (events, next) = self.one_stream()?.range(after, limit).await?;
-        Ok((events.into_iter().map(Emitted::from).collect(), next))
+        if self.others.is_empty() {
+            let (events, next) = self.stream.range(after, limit).await?;
+            return Ok((events.into_iter().map(Emitted::from).collect(), next));
+        }
+        let mut position = self.position(after)?;
+        // Each group's next `limit`, merged; the first `limit` taken.
+        let mut read: Vec<(u64, u64, usize, Event)> = Vec::new();
+        let mut more = false;
+        for (group, stream) in self.streams().enumerate() {
+            let (events, next) = stream.range(Some(&position[group]), limit).await?;
+            more |= next.is_some();
+            read.extend(events.into_iter().map(|event| {
+                let (ms, seq) = id_parts(&event.id);
+                (ms, seq, group, event)
+            }));
+        }
+        read.sort_by_key(|(ms, seq, group, _)| (*ms, *seq, *group));
+        more |= read.len() > limit;
+        let mut page = Vec::new();
+        for (_, _, group, event) in read.into_iter().take(limit) {
+            position[group].clone_from(&event.id);
+            page.push(in_group(event, group));
+        }
+        Ok((page, more.then(|| position.join(","))))
     }
 
     /// [`EmittedEvents::page`], up to id `bound` (inclusive): the next id
@@ -142,31 +178,92 @@ impl EmittedEvents {
         limit: usize,
     ) -> Result<(Vec<Emitted>, Option<String>)> {
         let (mut events, next) = self.page(after, limit).await?;
-        events.retain(|event| !id_after(&event.id, bound));
-        Ok((events, next.filter(|next| id_after(bound, next))))
+        if self.others.is_empty() {
+            events.retain(|event| !id_after(&event.id, bound));
+            return Ok((events, next.filter(|next| id_after(bound, next))));
+        }
+        let bound = self.position(Some(bound))?;
+        events.retain(|event| {
+            let (id, group) = event.id.rsplit_once('@').unwrap_or((&event.id, "0"));
+            group.parse::<usize>().is_ok_and(|group| !id_after(id, &bound[group]))
+        });
+        let before_bound = |next: &String| {
+            self.position(Some(next))
+                .is_ok_and(|at| at.iter().zip(&bound).any(|(at, bound)| id_after(bound, at)))
+        };
+        Ok((events, next.filter(before_bound)))
     }
 
     /// Follows the events emitted after id `after` (`None`: from the
-    /// oldest).
+    /// oldest; a position for a pool of several slot groups).
     ///
     /// # Errors
-    /// Redis failures.
+    /// Redis failures; [`crate::Error::InvalidEventId`].
     ///
     /// # Cancel safety
     /// Cancel safe: a reader that was started is closed when dropped.
     pub async fn follow(&self, after: Option<String>) -> Result<Following> {
-        let start = after.map_or(Start::Oldest, Start::After);
-        let reader = self.one_stream()?.reader(ReaderOptions::default().start(start)).await?;
-        let events = reader.subscribe();
-        Ok(Following { reader, events })
+        if self.others.is_empty() {
+            let start = after.map_or(Start::Oldest, Start::After);
+            let reader = self.stream.reader(ReaderOptions::default().start(start)).await?;
+            let events = vec![reader.subscribe()];
+            return Ok(Following { readers: vec![reader], events, grouped: false });
+        }
+        let position = self.position(after.as_deref())?;
+        let (mut readers, mut events) = (Vec::new(), Vec::new());
+        for (stream, after) in self.streams().zip(position) {
+            let reader = stream.reader(ReaderOptions::default().start(Start::After(after))).await?;
+            events.push(reader.subscribe());
+            readers.push(reader);
+        }
+        Ok(Following { readers, events, grouped: true })
     }
+
+    /// The ids of position `after` (`None`: the start of every group).
+    fn position(&self, after: Option<&str>) -> Result<Vec<String>> {
+        let groups = self.others.len() + 1;
+        let Some(after) = after else { return Ok(vec![START.to_owned(); groups]) };
+        let ids: Vec<String> = after.split(',').map(str::to_owned).collect();
+        let valid = |id: &String| {
+            id.split_once('-')
+                .is_some_and(|(ms, seq)| ms.parse::<u64>().is_ok() && seq.parse::<u64>().is_ok())
+        };
+        if ids.len() != groups || !ids.iter().all(valid) {
+            return Err(crate::Error::InvalidEventId {
+                pool: self.pool.clone(),
+                id: after.to_owned(),
+                groups,
+            });
+        }
+        Ok(ids)
+    }
+}
+
+/// Before every id: where a group's stream is read from the start.
+const START: &str = "0-0";
+
+/// The time and sequence of stream id `id`.
+fn id_parts(id: &str) -> (u64, u64) {
+    let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
+    (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0))
+}
+
+/// An event of slot group `group`'s stream: its id says the group
+/// (`<ms>-<seq>@<group>`), since ids repeat across streams.
+fn in_group(event: Event, group: usize) -> Emitted {
+    let mut emitted = Emitted::from(event);
+    emitted.id = format!("{}@{group}", emitted.id);
+    emitted
 }
 
 /// New events as they are emitted ([`EmittedEvents::follow`]).
 #[derive(Debug)]
 pub struct Following {
-    reader: Reader,
-    events: ReaderSubscription,
+    readers: Vec<Reader>,
+    /// One subscription per slot group's stream.
+    events: Vec<ReaderSubscription>,
+    /// Whether the ids say their group (a pool of several groups).
+    grouped: bool,
 }
 
 /// What following the events yields.
@@ -188,9 +285,21 @@ impl Following {
     /// # Cancel safety
     /// Cancel safe: an event is taken from the queue only when returned.
     pub async fn recv(&mut self) -> Option<Followed> {
-        Some(match self.events.recv().await? {
-            ReaderEvent::Event(event) => Followed::Event(event.into()),
-            ReaderEvent::Lagged { resume_after } => Followed::Lagged { resume_after },
+        let (event, group) = match self.events.as_mut_slice() {
+            [one] => (one.recv().await?, 0),
+            many => {
+                let next = many.iter_mut().map(|events| Box::pin(events.recv()));
+                let (event, group, _) = futures_util::future::select_all(next).await;
+                (event?, group)
+            }
+        };
+        Some(match (event, self.grouped) {
+            (ReaderEvent::Event(event), false) => Followed::Event(event.into()),
+            (ReaderEvent::Event(event), true) => Followed::Event(in_group(event, group)),
+            (ReaderEvent::Lagged { resume_after }, false) => Followed::Lagged { resume_after },
+            (ReaderEvent::Lagged { resume_after }, true) => {
+                Followed::Lagged { resume_after: format!("{resume_after}@{group}") }
+            }
         })
     }
 
@@ -199,6 +308,8 @@ impl Following {
     /// # Cancel safety
     /// Cancel safe.
     pub async fn close(self) {
-        self.reader.close().await;
+        for reader in self.readers {
+            reader.close().await;
+        }
     }
 }

@@ -87,15 +87,21 @@ pub enum Error {
         /// The pool's.
         pool_has: u32,
     },
-    /// The events of a pool of several slot groups were asked for in id
-    /// order (page by page, or followed): each group has a stream of its
-    /// own, and only the newest across them are read so far.
+    /// An event id or position that is not one of the pool's: a pool of
+    /// several slot groups reads its events from a position, one id per
+    /// group.
     #[error(
-        "pool {0:?} has several slot groups, whose events are in one stream per group: reading them page \
-         by page or following them is not supported for such a pool yet; the newest events are \
-         (GET /pools/{0}/events)"
+        "{id:?} is not a position in the events of pool {pool:?}: it has {groups} slot groups, and a position \
+         is one id (<ms>-<seq>) per group, joined by ','"
     )]
-    GroupedEvents(String),
+    InvalidEventId {
+        /// The pool.
+        pool: String,
+        /// What was given.
+        id: String,
+        /// The pool's slot groups.
+        groups: usize,
+    },
     /// Redis may evict keys under memory pressure, which would lose jobs.
     #[error(
         "Redis has maxmemory-policy {policy:?}, which lets it evict keys and so lose jobs; \

@@ -453,3 +453,67 @@ async fn a_worker_answers_a_node_of_an_earlier_version_with_one_entry_per_answer
     redis::cmd("DEL").arg(&theirs).exec_async(&mut conn).await.unwrap();
     finish(&pool, &[&node]).await;
 }
+
+/// A pool of 4 slot groups keeps its events in a stream per group: they
+/// are read page by page up to a bound, newest first and followed, across
+/// the groups, each event once, each job's in the order emitted.
+#[tokio::test]
+async fn the_events_of_a_pool_of_slot_groups_are_read_and_followed_across_its_groups() {
+    let pool = unique("events_groups");
+    let options = pulse_pool::NodeOptions { slot_groups: 4, ..crate::options() };
+    let node = pulse_pool::Node::join(&crate::client(), &pool, options).await.unwrap();
+    node.add_worker(Emitter::default()).await.unwrap();
+    let keys: Vec<String> = (0..12).map(|i| format!("k{i}")).collect();
+    let groups: std::collections::BTreeSet<u32> =
+        keys.iter().map(|key| pulse_pool::hash::group_of(key, pulse_pool::hash::VIRTUAL_SLOTS, 4)).collect();
+    assert!(groups.len() > 1, "the keys fall in several groups: {groups:?}");
+    for key in &keys {
+        node.dispatch(key, b"").await.unwrap();
+        assert_eq!(node.notify(key, b"2x3").await.unwrap(), EventOutcome::Done);
+    }
+    let emitted = node.emitted().await.unwrap();
+    let bound = emitted.newest_id().await.unwrap().expect("events were emitted");
+    let (mut after, mut all) = (None, Vec::new());
+    loop {
+        let (page, next) = emitted.page_until(after.as_deref(), &bound, 5).await.unwrap();
+        assert!(page.len() <= 5);
+        all.extend(page);
+        match next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    let ids: std::collections::HashSet<&str> = all.iter().map(|event| event.id.as_str()).collect();
+    assert_eq!((all.len(), ids.len()), (24, 24), "each event once: {all:?}");
+    for key in &keys {
+        assert_eq!(all.iter().filter(|event| &event.key == key).count(), 2, "{key}");
+    }
+    assert!(all.windows(2).all(|pair| pair[0].created_at_ms <= pair[1].created_at_ms), "oldest first");
+    let newest = emitted.newest(5).await.unwrap();
+    assert_eq!(newest.len(), 5);
+    assert!(newest.windows(2).all(|pair| pair[0].created_at_ms >= pair[1].created_at_ms), "newest first");
+
+    // Followed from the bound: only what comes after it, from every group.
+    let mut following = emitted.follow(Some(bound)).await.unwrap();
+    for key in &keys {
+        assert_eq!(node.notify(key, b"1x1").await.unwrap(), EventOutcome::Done);
+    }
+    let mut followed = Vec::new();
+    while followed.len() < keys.len() {
+        let next = tokio::time::timeout(crate::PATIENCE, following.recv()).await.expect("an event in time");
+        match next {
+            Some(pulse_pool::Followed::Event(event)) => followed.push(event.key),
+            other => panic!("{other:?}"),
+        }
+    }
+    followed.sort();
+    let mut expected = keys.clone();
+    expected.sort();
+    assert_eq!(followed, expected);
+    following.close().await;
+
+    let error = emitted.page(Some("1-0"), 5).await.unwrap_err();
+    assert!(matches!(error, pulse_pool::Error::InvalidEventId { groups: 4, .. }), "{error}");
+    node.shutdown(crate::PATIENCE).await.unwrap();
+    node.close().await;
+}
