@@ -139,24 +139,28 @@ pub(crate) const MAX_SLOT_GROUPS: u32 = 64;
 /// schedules, shutdown) stay where every version looks for them. Every
 /// other group's tag is `<pool>:g<group>:<n>` (`:` is not allowed in pool
 /// names, so no pool's tag can be another's), with the smallest `n` that
-/// puts the tag's Redis Cluster slot in a part of the 16,384 cluster slots
-/// of its own: cut into `groups` equal parts, group 0 takes the part its
-/// slot falls in and groups 1, 2, … the others in order. A cluster serves
+/// puts the tag's Redis Cluster slot near the middle of a part of the
+/// 16,384 cluster slots of its own: cut into `groups` equal parts, group 0
+/// takes the part its slot falls in and groups 1, 2, … the others in
+/// order, each within the middle eighth of its part. A cluster serves
 /// contiguous ranges of slots per master, so the groups spread over the
-/// masters evenly (16 groups over 3 masters: at most 6 on one) instead of
-/// as a hash happens to fall.
+/// masters evenly (16 groups over 3 masters: 5 or 6 on each; 8: 2 or 3)
+/// instead of as a hash happens to fall, and a part that straddles two
+/// masters' ranges goes to the one holding its middle.
 pub fn group_tag(pool: &str, group: u32, groups: u32) -> String {
     if group == 0 || groups <= 1 {
         return pool.to_owned();
     }
     const CLUSTER_SLOTS: u32 = 16_384;
-    let part = |tag: &str| u32::from(pulse_redis::key_slot(tag.as_bytes())) * groups / CLUSTER_SLOTS;
-    let first = part(pool);
+    let slot = |tag: &str| u32::from(pulse_redis::key_slot(tag.as_bytes()));
+    let part = CLUSTER_SLOTS / groups;
+    let first = slot(pool) / part;
     let target = if group <= first { group - 1 } else { group };
+    let middle = target * part + part * 7 / 16..target * part + part * 9 / 16;
     (0u32..)
         .map(|n| format!("{pool}:g{group}:{n}"))
-        .find(|tag| part(tag) == target)
-        .unwrap_or_else(|| unreachable!("CRC16 reaches every part of the slot space"))
+        .find(|tag| middle.contains(&slot(tag)))
+        .unwrap_or_else(|| unreachable!("CRC16 reaches every slot"))
 }
 
 /// Checks a pool name: 1 to 100 ASCII letters, digits, `-`, `_`, `.`.
