@@ -413,3 +413,86 @@ async fn a_dead_host_s_jobs_move_once_each_straight_to_live_workers() {
     assert_eq!(tokens, (JOBS + moved.len()) as u64, "{} jobs moved", moved.len());
     survivor.close().await;
 }
+
+/// The same in a pool of 4 slot groups: the dead host is a member of
+/// every group, and in each its jobs move once, straight to the
+/// survivor's workers, with one token per dispatch and per move.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_pool_of_slot_groups_a_dead_host_s_jobs_move_once_each_in_every_group() {
+    const GROUPS: u32 = 4;
+    const JOBS: usize = 120;
+    pulse_testkit::init_tracing();
+    let server = RedisServer::start();
+    let client = pulse_redis::Redis::open(server.url()).unwrap();
+    let short = NodeOptions { lease_ttl: Duration::from_secs(2), slot_groups: GROUPS, ..options() };
+    let (live, dead) = (Calls::default(), Calls::default());
+    let survivor = Node::join(&client, "dead-grouped", short.clone()).await.unwrap();
+    for _ in 0..2 {
+        survivor.add_worker(Recording::new(&live)).await.unwrap();
+    }
+    let root = tokio_util::sync::CancellationToken::new();
+    let host = Node::join(&client, "dead-grouped", NodeOptions { cancel: root.child_token(), ..short })
+        .await
+        .unwrap();
+    for _ in 0..4 {
+        host.add_worker(Recording::new(&dead)).await.unwrap();
+    }
+    let keys: Vec<String> = (0..JOBS).map(|i| format!("job-{i}")).collect();
+    for key in &keys {
+        assert_eq!(survivor.dispatch(key, b"").await.unwrap(), DispatchOutcome::Started);
+    }
+    let started = |calls: &[Call]| -> HashMap<String, usize> {
+        let mut starts = HashMap::new();
+        for call in calls {
+            if let Call::Start { key, .. } = call {
+                *starts.entry(key.clone()).or_default() += 1;
+            }
+        }
+        starts
+    };
+    let everywhere = |calls: &Calls| started(&calls.all());
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while keys.iter().any(|key| !everywhere(&live).contains_key(key) && !everywhere(&dead).contains_key(key))
+    {
+        assert!(tokio::time::Instant::now() < deadline, "not every job started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let moved: HashSet<String> = everywhere(&dead).into_keys().collect();
+    let groups_moved: HashSet<u32> = moved
+        .iter()
+        .map(|key| pulse_pool::hash::group_of(key, pulse_pool::hash::VIRTUAL_SLOTS, GROUPS))
+        .collect();
+    assert_eq!(groups_moved.len(), GROUPS as usize, "the host ran jobs of every group");
+
+    root.cancel();
+    live.wait_until("every job of the dead host started on a survivor", |calls| {
+        let starts = started(calls);
+        moved.iter().all(|key| starts.contains_key(key))
+    })
+    .await;
+    let twice: Vec<_> = everywhere(&live).into_iter().filter(|(_, n)| *n > 1).collect();
+    assert!(twice.is_empty(), "started twice on the survivor: {twice:?}");
+
+    let mut conn = server.connect().await;
+    let mut tokens = 0;
+    for group in 0..GROUPS {
+        let tag = pulse_pool::group_tag("dead-grouped", group, GROUPS);
+        let table = pulse_testkit::slot_table(&mut conn, &tag).await;
+        assert_eq!(table.len(), 4096, "group {group}: every slot is held");
+        let holders: HashSet<&String> = table.values().collect();
+        let survivors: HashSet<String> = survivor
+            .workers()
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|w| w.node == survivor.id())
+            .map(|w| w.id)
+            .collect();
+        assert!(holders.iter().all(|w| survivors.contains(*w)), "group {group}: {holders:?}");
+        let counted: u64 =
+            redis::cmd("GET").arg(format!("pulse:{{{tag}}}:tokens")).query_async(&mut conn).await.unwrap();
+        tokens += counted;
+    }
+    assert_eq!(tokens, (JOBS + moved.len()) as u64, "{} jobs moved", moved.len());
+    survivor.close().await;
+}
