@@ -6,7 +6,9 @@
 //! the same channel, so they interleave with calls in arrival order.
 //!
 //! A call that traps, times out or exhausts a limit poisons the instance:
-//! its store is dropped. Jobs it served besides the one that failed (worker
+//! its store is dropped. So does a call whose caller stopped waiting for
+//! a `stop` or `notify`: it is cut off at once (the guest yields at every
+//! epoch tick), not left to burn a core until `call_timeout` for nobody. Jobs it served besides the one that failed (worker
 //! isolation) are started again in a fresh instance, from the state they
 //! last saved, with `requeued` set.
 
@@ -92,14 +94,24 @@ impl Actor {
     async fn run(mut self, mut rx: mpsc::Receiver<Command>) {
         while let Some(command) = rx.recv().await {
             match command {
+                // A start runs to its end: cut mid-way, it would drop the
+                // instance it took out with the other jobs in it.
                 Command::Start { job, reply } => {
                     let _ = reply.send(self.start(job).await);
                 }
-                Command::Stop { key, reply } => {
-                    let _ = reply.send(self.stop(&key).await);
+                Command::Stop { key, mut reply } => {
+                    let answer = tokio::select! {
+                        answer = self.stop(&key) => Some(answer),
+                        () = reply.closed() => None,
+                    };
+                    self.answer(&key, answer, reply).await;
                 }
-                Command::Notify { key, payload, reply } => {
-                    let _ = reply.send(self.notify(&key, &payload).await);
+                Command::Notify { key, payload, mut reply } => {
+                    let answer = tokio::select! {
+                        answer = self.notify(&key, &payload) => Some(answer),
+                        () = reply.closed() => None,
+                    };
+                    self.answer(&key, answer, reply).await;
                 }
                 Command::Timer { key, name, generation } => self.tick(&key, &name, generation).await,
                 Command::Abandon { key } => {
@@ -110,6 +122,28 @@ impl Actor {
             }
             self.report_completed();
         }
+    }
+
+    /// Sends a call's answer; `None` when the call was cut off because
+    /// its caller stopped waiting: the guest stopped mid-call, so its
+    /// instance is discarded like one that timed out (the job of the call
+    /// with it, the others started again).
+    async fn answer(&mut self, key: &str, answer: Option<Result<(), CallError>>, reply: Reply) {
+        let answer = match answer {
+            Some(answer) => answer,
+            None => {
+                let error = CallError::Abandoned(key.to_owned());
+                tracing::warn!(job.key = key, "the call's caller stopped waiting; the call was cut off");
+                if let Some(live) = self.live.as_mut() {
+                    live.drop_job(key);
+                }
+                self.after_failure(key, &error).await;
+                // Nobody takes the answer that would have forgotten it.
+                (self.on_gone)(key, self.id);
+                Err(error)
+            }
+        };
+        let _ = reply.send(answer);
     }
 
     fn runs(&self, key: &str) -> bool {

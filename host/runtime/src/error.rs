@@ -124,6 +124,12 @@ pub enum CallError {
     /// ([`crate::JobOutputs::may_run`] answered false).
     #[error("job {0:?} may run elsewhere now; its code was not called")]
     Fenced(String),
+    /// The caller stopped waiting for the call (its host gave up on a
+    /// `stop` that outlasted `shutdown_timeout`, say): the guest was cut
+    /// off mid-call, and its instance discarded, rather than left to run
+    /// until `call_timeout`.
+    #[error("the call to job {0:?} was cut off: its caller stopped waiting for it")]
+    Abandoned(String),
 }
 
 impl CallError {
@@ -146,6 +152,7 @@ impl CallError {
             self,
             CallError::Trap(_)
                 | CallError::Timeout(_)
+                | CallError::Abandoned(_)
                 | CallError::MemoryLimit { .. }
                 | CallError::FuelExhausted(_)
         )

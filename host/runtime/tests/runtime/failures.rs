@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use pulse_runtime::{CallError, Isolation, Job, JobError, JobRunner, Limits, PluginOptions};
-use pulse_testkit::plugins::{ECHO, HOG, SLOW, SPIN, TRAP};
+use pulse_testkit::plugins::{ECHO, HOG, HOSTILE, SLOW, SPIN, TRAP};
 
 use crate::{load, options, runner, runtime};
 
@@ -151,4 +151,27 @@ async fn fuel_bounds_a_call_when_enabled() {
     runner.start(Job::new("fuelled", "ok")).await.unwrap();
     let error = runner.notify("fuelled", b"spin".to_vec()).await.unwrap_err();
     assert_eq!(error, CallError::FuelExhausted(fuel));
+}
+
+/// A `stop` looping in the guest whose caller stops waiting (its host
+/// gave up after `shutdown_timeout`) is cut off at once, not left to run
+/// until `call_timeout`: the other job of its instance (worker isolation)
+/// is answered again at once, started afresh in a new instance.
+#[tokio::test]
+async fn a_call_whose_caller_stopped_waiting_is_cut_off_at_once() {
+    let runtime = runtime();
+    let mut looping = options(Isolation::Worker, &[("stop", "loop")]);
+    looping.limits.call_timeout = Duration::from_secs(600);
+    let plugin = load(&runtime, HOSTILE, looping);
+    let (runner, _) = runner(&plugin);
+    runner.start(Job::new("looping", "")).await.unwrap();
+    runner.start(Job::new("other", "")).await.unwrap();
+    let gave_up = tokio::time::timeout(Duration::from_millis(300), runner.stop("looping")).await;
+    assert!(gave_up.is_err(), "stop loops");
+    // Behind the looping call in the same instance: answered only once
+    // that call was cut.
+    let answered = tokio::time::timeout(Duration::from_secs(30), runner.notify("other", b"".to_vec())).await;
+    assert_eq!(answered.expect("answered long before call_timeout"), Ok(()));
+    assert!(runner.is_running("other"));
+    assert!(!runner.is_running("looping"));
 }
