@@ -62,31 +62,11 @@ pub fn read(file: &Path, options: &NodeOptions) -> anyhow::Result<Vec<FileJob>> 
     )
 }
 
-/// Whether the pool takes a job with this key and payload size: the rules
-/// of `Node::dispatch` (which the pool keeps to itself), with its limits,
-/// so a file is refused whole before any of it is sent. Err says what is
-/// wrong and what is allowed.
+/// Whether the pool takes a job with this key and payload size, with its
+/// limits, so a file is refused whole before any of it is sent. Err says
+/// what is wrong and what is allowed.
 fn check(key: &str, payload: usize, options: &NodeOptions) -> Result<(), String> {
-    let allowed = format!("a key is 1 to {} bytes with no control characters", options.max_key_len);
-    // Long keys are cut: the line number finds the rest.
-    let shown: String = key.chars().take(40).collect();
-    let shown = if shown.len() < key.len() { format!("{shown:?}…") } else { format!("{shown:?}") };
-    if key.is_empty() {
-        return Err(format!("the key is empty: {allowed}"));
-    }
-    if key.len() > options.max_key_len {
-        return Err(format!("the key {shown} is {} bytes: {allowed}", key.len()));
-    }
-    if let Some(control) = key.chars().find(|c| c.is_control()) {
-        return Err(format!("the key {shown} holds the control character {control:?}: {allowed}"));
-    }
-    if payload > options.max_payload {
-        return Err(format!(
-            "the payload is {payload} bytes: a payload is at most {} bytes (node.max_payload)",
-            options.max_payload
-        ));
-    }
-    Ok(())
+    options.check_job(key, payload).map_err(|error| error.to_string())
 }
 
 /// Dispatches `jobs` in batches of 1,000 (4 in flight), and prints each
@@ -177,6 +157,6 @@ mod tests {
         assert!(nul.contains(r#""a\0b""#) && nul.contains("control character"), "{nul}");
         assert!(check("", 0, &options).unwrap_err().contains("empty"));
         let payload = check("k", options.max_payload + 1, &options).unwrap_err();
-        assert!(payload.contains("at most 1048576 bytes"), "{payload}");
+        assert!(payload.contains("the limit of 1048576 bytes"), "{payload}");
     }
 }

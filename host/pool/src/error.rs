@@ -15,7 +15,7 @@ pub enum Error {
     /// A job key that is empty, too long or has control characters.
     #[error("invalid job key {key:?}: {why}")]
     InvalidKey {
-        /// The key given (cut to 100 characters).
+        /// The key given (cut to 40 characters).
         key: String,
         /// What is wrong and what is allowed.
         why: String,

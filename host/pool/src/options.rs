@@ -100,6 +100,38 @@ impl Default for NodeOptions {
     }
 }
 
+impl NodeOptions {
+    /// Whether a node with these options takes a job of key `key` and a
+    /// payload of `payload` bytes: what [`crate::Node::dispatch`] checks
+    /// first, for callers that check a whole list before sending any.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidKey`] (empty, longer than `max_key_len`, or
+    /// with a control character; it says what a key may be) or
+    /// [`crate::Error::PayloadTooLarge`].
+    pub fn check_job(&self, key: &str, payload: usize) -> crate::Result<()> {
+        // Long keys are cut: whoever gave the key has the rest.
+        let shown: String = key.chars().take(40).collect();
+        let shown = if shown.len() < key.len() { format!("{shown}…") } else { shown };
+        let allowed = format!("a key is 1 to {} bytes with no control characters", self.max_key_len);
+        let invalid =
+            |why: String| crate::Error::InvalidKey { key: shown.clone(), why: format!("{why}: {allowed}") };
+        if key.is_empty() {
+            return Err(invalid("it is empty".into()));
+        }
+        if key.len() > self.max_key_len {
+            return Err(invalid(format!("it is {} bytes", key.len())));
+        }
+        if let Some(control) = key.chars().find(|c| c.is_control()) {
+            return Err(invalid(format!("it holds the control character {control:?}")));
+        }
+        if payload > self.max_payload {
+            return Err(crate::Error::PayloadTooLarge { size: payload, limit: self.max_payload });
+        }
+        Ok(())
+    }
+}
+
 /// Options of one worker.
 ///
 /// Defaults: `max_concurrent_calls`: 32 (calls of different jobs a

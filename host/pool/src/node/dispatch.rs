@@ -208,25 +208,7 @@ impl Node {
     }
 
     pub(super) fn validate(&self, key: &str, payload: usize) -> Result<()> {
-        let options = &self.core.options;
-        let invalid = |why: String| Error::InvalidKey { key: key.chars().take(100).collect(), why };
-        if key.is_empty() {
-            return Err(invalid("a key must not be empty".into()));
-        }
-        if key.len() > options.max_key_len {
-            return Err(invalid(format!(
-                "{} bytes exceed the limit of {} bytes",
-                key.len(),
-                options.max_key_len
-            )));
-        }
-        if key.chars().any(char::is_control) {
-            return Err(invalid("control characters are not allowed".into()));
-        }
-        if payload > options.max_payload {
-            return Err(Error::PayloadTooLarge { size: payload, limit: options.max_payload });
-        }
-        Ok(())
+        self.core.options.check_job(key, payload)
     }
 }
 
