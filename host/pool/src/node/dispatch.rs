@@ -4,7 +4,7 @@ use redis::Value;
 
 use super::Node;
 use crate::core::{Answer, Dispatched, Outcome, Routed, protocol};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::job::{DispatchOutcome, EventOutcome};
 use crate::scripts;
 
