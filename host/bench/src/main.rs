@@ -30,7 +30,8 @@
 //!   `--groups N` slot groups, default 16: the same lines on both, with
 //!   the Redis CPU summed over the masters, the busiest one's share and
 //!   the errors Redis answered; `noop` and `batch-pool` only),
-//!   `--groups N` (the pools' slot groups),
+//!   `--groups N` (the pools' slot groups), `--workers N` (the no-op
+//!   workers of `noop` and `batch-pool`, default 4),
 //!   `--confirm-replicas N` (the dispatching node confirms a start only
 //!   once N replicas hold it; given without `--redis`, 0 too, the private
 //!   server is on TCP with a replica).
@@ -80,7 +81,7 @@ use std::process::ExitCode;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-const USAGE: &str = "usage: pulse-bench SCENARIO [--quick] [--jobs N] [--redis URL] [--confirm-replicas N] [--groups N]\nscenarios: runtime [echo|python-echo|js-echo]..., dispatch [noop|echo-job|echo-worker|echo-http|slow|slow-serial|batch]..., idle, fetch, failover, rebalance, ticker, rollout";
+const USAGE: &str = "usage: pulse-bench SCENARIO [--quick] [--jobs N] [--redis URL] [--confirm-replicas N] [--groups N] [--workers N]\nscenarios: runtime [echo|python-echo|js-echo]..., dispatch [noop|echo-job|echo-worker|echo-http|slow|slow-serial|batch]..., idle, fetch, failover, rebalance, ticker, rollout";
 
 /// Parsed command line.
 #[derive(Debug)]

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use super::commandstats::{Servers, Spent};
-use super::{Dispatcher, Handler, Line, PAYLOAD, WORKERS, key_of};
+use super::{Dispatcher, Handler, Line, PAYLOAD, key_of};
 use crate::report::{self, percentile};
 
 /// Jobs per batch (the HTTP API's largest batch).
@@ -56,7 +56,6 @@ pub(super) async fn measure(
         .fields(report::Result::new("dispatch").field("handler", handler.name()))
         .field("dispatchers", lanes)
         .field("batch", BATCH)
-        .field("workers", WORKERS)
         .field("jobs", jobs)
         .field("rate_per_s", format!("{:.0}", confirmed as f64 / elapsed.as_secs_f64()))
         .millis("batch_p50_ms", percentile(&mut times, 50.0))

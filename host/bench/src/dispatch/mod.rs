@@ -248,6 +248,7 @@ impl Deployment {
 pub(crate) struct Line {
     layout: &'static str,
     groups: u32,
+    workers: usize,
     /// Jobs the pool runs already.
     running: usize,
     confirm: u32,
@@ -258,6 +259,7 @@ impl Line {
         result
             .field("layout", self.layout)
             .field("slot_groups", self.groups)
+            .field("workers", self.workers)
             .field("running_before", self.running)
             .field("confirm_replicas", self.confirm)
     }
@@ -274,10 +276,15 @@ fn run_handler(
 ) -> BenchResult {
     let url = &deployment.url;
     let jobs = args.jobs.unwrap_or(handler.default_jobs(args.quick));
+    // `--workers` sets the no-op workers; a host runs the config's.
+    let workers_count = match handler {
+        Handler::NoOp | Handler::Batch => args.workers.unwrap_or(WORKERS),
+        _ => WORKERS,
+    };
     let pool = format!("bench-{}", handler.name());
     let api = matches!(handler, Handler::EchoHttp | Handler::BatchHttp).then(free_address).transpose()?;
     let mut workers = match handler {
-        Handler::NoOp | Handler::Batch => spawn_noop_workers(url, &pool, deployment.groups)?,
+        Handler::NoOp | Handler::Batch => spawn_noop_workers(url, &pool, deployment.groups, workers_count)?,
         _ => spawn_host(url, &pool, handler, jobs, api, config_dir)?,
     };
     let result = tokio.block_on(async {
@@ -288,13 +295,19 @@ fn run_handler(
             ..NodeOptions::default()
         };
         let node = Arc::new(Node::client(&client, &pool, options).await?);
-        wait_for_workers(&node, WORKERS, std::slice::from_mut(&mut workers)).await?;
+        wait_for_workers(&node, workers_count, std::slice::from_mut(&mut workers)).await?;
         let dispatcher = match api {
             Some(address) => Dispatcher::http(address, &pool).await?,
             None => Dispatcher::Node(node.clone()),
         };
         let mut servers = Servers::open(&deployment.servers).await?;
-        let mut line = Line { layout: deployment.layout, groups: deployment.groups, running: 0, confirm };
+        let mut line = Line {
+            layout: deployment.layout,
+            groups: deployment.groups,
+            workers: workers_count,
+            running: 0,
+            confirm,
+        };
         for &concurrency in handler.dispatchers() {
             let keys = match handler {
                 Handler::Batch | Handler::BatchHttp => {
@@ -397,7 +410,6 @@ async fn measure(
     let result = line
         .fields(report::Result::new("dispatch").field("handler", handler.name()))
         .field("dispatchers", concurrency)
-        .field("workers", WORKERS)
         .field("jobs", jobs)
         .field("rate_per_s", format!("{:.0}", jobs as f64 / elapsed.as_secs_f64()))
         .millis("p50_ms", percentile(&mut all, 50.0))

@@ -36,9 +36,12 @@ pub(super) fn spawn_noop_workers(
     url: &str,
     pool: &str,
     groups: u32,
+    workers: usize,
 ) -> Result<Child, Box<dyn std::error::Error>> {
     crate::process::spawn_ready(&[
         SERVE_WORKERS,
+        "--workers",
+        &workers.to_string(),
         "--redis",
         url,
         "--pool",
@@ -222,7 +225,7 @@ pub fn serve_workers(args: &Args) -> BenchResult {
         let pool = args.pool.as_deref().ok_or("serve-workers needs --pool")?;
         let options = NodeOptions { slot_groups: args.groups.unwrap_or(1), ..NodeOptions::default() };
         let node = Node::join(&client, pool, options).await?;
-        for _ in 0..WORKERS {
+        for _ in 0..args.workers.unwrap_or(WORKERS) {
             node.add_worker(NoOp).await?;
         }
         println!("ready");
