@@ -208,21 +208,9 @@ async fn a_pool_of_slot_groups_spreads_over_the_cluster_s_masters() {
 /// its replica promoted while jobs are dispatched to every group.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_of_slot_groups_follows_a_cluster_master_killed_under_it() {
-    let (mut cluster, redis, pool, tag) = cluster_with_replicas("groups-kill").await;
+    let (cluster, redis, pool, tag) = cluster_with_replicas("groups-kill").await;
     // The master of group 0, which holds the pool-wide records too.
-    let serving = cluster.serving(&tag);
-    let kill = move || {
-        let node = &mut cluster.nodes()[serving];
-        let waited = std::process::Command::new("redis-cli")
-            .args(["-h", "127.0.0.1", "-p", &node.port().to_string(), "WAIT", "1", "5000"])
-            .output()
-            .unwrap();
-        assert_eq!(String::from_utf8_lossy(&waited.stdout).trim(), "1", "the replica is in step");
-        node.kill();
-        cluster.wait_for_promotion(&tag, serving);
-        cluster
-    };
-    let _cluster = run_through_a_failover_in(&redis, &pool, 8, kill).await;
+    let _cluster = run_through_a_failover_in(&redis, &pool, 8, kill_master_of(cluster, tag)).await;
 }
 
 /// A node configured with another number of slot groups than the pool
@@ -270,10 +258,16 @@ async fn cluster_with_replicas(name: &str) -> (RedisCluster, pulse_redis::Redis,
 /// not yet replicated costs is the data-loss case, tested on one server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_follows_a_cluster_master_killed_under_it() {
-    let (mut cluster, redis, pool, tag) = cluster_with_replicas("cluster-kill").await;
+    let (cluster, redis, pool, tag) = cluster_with_replicas("cluster-kill").await;
+    let _cluster = run_through_a_failover(&redis, &pool, kill_master_of(cluster, tag)).await;
+}
+
+/// The fault of the tests above: the master serving `tag` is killed once
+/// its replica is in step (`WAIT 1`), and the fault lasts until the
+/// replica took over.
+fn kill_master_of(mut cluster: RedisCluster, tag: String) -> impl FnOnce() -> RedisCluster + Send + 'static {
     let serving = cluster.serving(&tag);
-    // The fault lasts until the replica took over.
-    let kill = move || {
+    move || {
         let node = &mut cluster.nodes()[serving];
         let waited = std::process::Command::new("redis-cli")
             .args(["-h", "127.0.0.1", "-p", &node.port().to_string(), "WAIT", "1", "5000"])
@@ -283,8 +277,7 @@ async fn a_pool_follows_a_cluster_master_killed_under_it() {
         node.kill();
         cluster.wait_for_promotion(&tag, serving);
         cluster
-    };
-    let _cluster = run_through_a_failover(&redis, &pool, kill).await;
+    }
 }
 
 /// The master serving the pool's slot hands it to its replica (`CLUSTER

@@ -342,25 +342,39 @@ async fn cancelling_the_token_a_node_was_given_fences_its_workers_at_once() {
 /// second token, and start it only after a second eviction).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_host_s_jobs_move_once_each_straight_to_live_workers() {
-    const DEAD_WORKERS: usize = 20;
-    const JOBS: usize = 200;
+    dead_host_s_jobs_move_once_each("dead-host", 1, 20, 200).await;
+}
+
+/// The same in a pool of 4 slot groups: the dead host is a member of
+/// every group, and in each its jobs move once, straight to the
+/// survivor's workers, with one token per dispatch and per move.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_pool_of_slot_groups_a_dead_host_s_jobs_move_once_each_in_every_group() {
+    dead_host_s_jobs_move_once_each("dead-grouped", 4, 4, 120).await;
+}
+
+/// A survivor of 2 workers and a host of `dead_workers` run `jobs` jobs
+/// in pool `pool` of `groups` slot groups; the host dies (its token is
+/// cancelled). Each of its jobs starts once on the survivor, which holds
+/// every slot of every group, and the groups' token counters add up to
+/// one token per dispatch and per move.
+async fn dead_host_s_jobs_move_once_each(pool: &str, groups: u32, dead_workers: usize, jobs: usize) {
     pulse_testkit::init_tracing();
     // A private server: the dead host leaves its state behind.
     let server = RedisServer::start();
     let client = pulse_redis::Redis::open(server.url()).unwrap();
-    let short = NodeOptions { lease_ttl: Duration::from_secs(2), ..options() };
+    let short = NodeOptions { lease_ttl: Duration::from_secs(2), slot_groups: groups, ..options() };
     let (live, dead) = (Calls::default(), Calls::default());
-    let survivor = Node::join(&client, "dead-host", short.clone()).await.unwrap();
+    let survivor = Node::join(&client, pool, short.clone()).await.unwrap();
     for _ in 0..2 {
         survivor.add_worker(Recording::new(&live)).await.unwrap();
     }
     let root = tokio_util::sync::CancellationToken::new();
-    let host =
-        Node::join(&client, "dead-host", NodeOptions { cancel: root.child_token(), ..short }).await.unwrap();
-    for _ in 0..DEAD_WORKERS {
+    let host = Node::join(&client, pool, NodeOptions { cancel: root.child_token(), ..short }).await.unwrap();
+    for _ in 0..dead_workers {
         host.add_worker(Recording::new(&dead)).await.unwrap();
     }
-    let keys: Vec<String> = (0..JOBS).map(|i| format!("job-{i}")).collect();
+    let keys: Vec<String> = (0..jobs).map(|i| format!("job-{i}")).collect();
     for key in &keys {
         assert_eq!(survivor.dispatch(key, b"").await.unwrap(), DispatchOutcome::Started);
     }
@@ -383,7 +397,12 @@ async fn a_dead_host_s_jobs_move_once_each_straight_to_live_workers() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let moved: HashSet<String> = started(&dead.all()).into_keys().collect();
-    assert!(moved.len() > JOBS / 2, "the host ran {} of {JOBS} jobs", moved.len());
+    assert!(moved.len() > jobs / 2, "the host ran {} of {jobs} jobs", moved.len());
+    let groups_moved: HashSet<u32> = moved
+        .iter()
+        .map(|key| pulse_pool::hash::group_of(key, pulse_pool::hash::VIRTUAL_SLOTS, groups))
+        .collect();
+    assert_eq!(groups_moved.len(), groups as usize, "the host ran jobs of every group");
 
     root.cancel();
     live.wait_until("every job of the dead host started on a survivor", |calls| {
@@ -396,8 +415,6 @@ async fn a_dead_host_s_jobs_move_once_each_straight_to_live_workers() {
     assert!(twice.is_empty(), "started twice on the survivor: {twice:?}");
 
     let mut conn = server.connect().await;
-    let table = pulse_testkit::slot_table(&mut conn, "dead-host").await;
-    let holders: HashSet<&String> = table.values().collect();
     let survivors: HashSet<String> = survivor
         .workers()
         .await
@@ -406,93 +423,22 @@ async fn a_dead_host_s_jobs_move_once_each_straight_to_live_workers() {
         .filter(|w| w.node == survivor.id())
         .map(|w| w.id)
         .collect();
-    assert!(holders.iter().all(|w| survivors.contains(*w)), "{holders:?} are not all of {survivors:?}");
-    // One token per dispatch, one per move: a job routed to a dead worker
-    // on its way would have taken two.
-    let tokens: u64 = redis::cmd("GET").arg("pulse:{dead-host}:tokens").query_async(&mut conn).await.unwrap();
-    assert_eq!(tokens, (JOBS + moved.len()) as u64, "{} jobs moved", moved.len());
-    survivor.close().await;
-}
-
-/// The same in a pool of 4 slot groups: the dead host is a member of
-/// every group, and in each its jobs move once, straight to the
-/// survivor's workers, with one token per dispatch and per move.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn in_a_pool_of_slot_groups_a_dead_host_s_jobs_move_once_each_in_every_group() {
-    const GROUPS: u32 = 4;
-    const JOBS: usize = 120;
-    pulse_testkit::init_tracing();
-    let server = RedisServer::start();
-    let client = pulse_redis::Redis::open(server.url()).unwrap();
-    let short = NodeOptions { lease_ttl: Duration::from_secs(2), slot_groups: GROUPS, ..options() };
-    let (live, dead) = (Calls::default(), Calls::default());
-    let survivor = Node::join(&client, "dead-grouped", short.clone()).await.unwrap();
-    for _ in 0..2 {
-        survivor.add_worker(Recording::new(&live)).await.unwrap();
-    }
-    let root = tokio_util::sync::CancellationToken::new();
-    let host = Node::join(&client, "dead-grouped", NodeOptions { cancel: root.child_token(), ..short })
-        .await
-        .unwrap();
-    for _ in 0..4 {
-        host.add_worker(Recording::new(&dead)).await.unwrap();
-    }
-    let keys: Vec<String> = (0..JOBS).map(|i| format!("job-{i}")).collect();
-    for key in &keys {
-        assert_eq!(survivor.dispatch(key, b"").await.unwrap(), DispatchOutcome::Started);
-    }
-    let started = |calls: &[Call]| -> HashMap<String, usize> {
-        let mut starts = HashMap::new();
-        for call in calls {
-            if let Call::Start { key, .. } = call {
-                *starts.entry(key.clone()).or_default() += 1;
-            }
-        }
-        starts
-    };
-    let everywhere = |calls: &Calls| started(&calls.all());
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while keys.iter().any(|key| !everywhere(&live).contains_key(key) && !everywhere(&dead).contains_key(key))
-    {
-        assert!(tokio::time::Instant::now() < deadline, "not every job started");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let moved: HashSet<String> = everywhere(&dead).into_keys().collect();
-    let groups_moved: HashSet<u32> = moved
-        .iter()
-        .map(|key| pulse_pool::hash::group_of(key, pulse_pool::hash::VIRTUAL_SLOTS, GROUPS))
-        .collect();
-    assert_eq!(groups_moved.len(), GROUPS as usize, "the host ran jobs of every group");
-
-    root.cancel();
-    live.wait_until("every job of the dead host started on a survivor", |calls| {
-        let starts = started(calls);
-        moved.iter().all(|key| starts.contains_key(key))
-    })
-    .await;
-    let twice: Vec<_> = everywhere(&live).into_iter().filter(|(_, n)| *n > 1).collect();
-    assert!(twice.is_empty(), "started twice on the survivor: {twice:?}");
-
-    let mut conn = server.connect().await;
     let mut tokens = 0;
-    for group in 0..GROUPS {
-        let tag = pulse_pool::group_tag("dead-grouped", group, GROUPS);
+    for group in 0..groups {
+        let tag = pulse_pool::group_tag(pool, group, groups);
         let table = pulse_testkit::slot_table(&mut conn, &tag).await;
         assert_eq!(table.len(), 4096, "group {group}: every slot is held");
         let holders: HashSet<&String> = table.values().collect();
-        let survivors: HashSet<String> = survivor
-            .workers()
-            .await
-            .unwrap()
-            .into_iter()
-            .filter(|w| w.node == survivor.id())
-            .map(|w| w.id)
-            .collect();
-        assert!(holders.iter().all(|w| survivors.contains(*w)), "group {group}: {holders:?}");
+        assert!(
+            holders.iter().all(|w| survivors.contains(*w)),
+            "group {group}: {holders:?} of {survivors:?}"
+        );
         let counted: u64 =
             redis::cmd("GET").arg(format!("pulse:{{{tag}}}:tokens")).query_async(&mut conn).await.unwrap();
         tokens += counted;
     }
-    assert_eq!(tokens, (JOBS + moved.len()) as u64, "{} jobs moved", moved.len());
+    // One token per dispatch, one per move: a job routed to a dead worker
+    // on its way would have taken two.
+    assert_eq!(tokens, (jobs + moved.len()) as u64, "{} jobs moved", moved.len());
     survivor.close().await;
 }
