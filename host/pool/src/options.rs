@@ -64,8 +64,10 @@ pub struct NodeOptions {
     /// Slot groups of the pool: 1, 2, 4, … 64. The pool's slots fall into
     /// this many groups (slot `s` in group `s mod G`), each with the keys
     /// of its jobs under a hash tag of its own, so a Redis Cluster spreads
-    /// the pool over its masters. Fixed when the pool is created: a node
-    /// configured otherwise is refused ([`crate::Error::SlotGroupsDiffer`]).
+    /// the pool over its masters. Fixed when the pool is created: a full
+    /// node configured otherwise is refused
+    /// ([`crate::Error::SlotGroupsDiffer`]); a client-only node follows the
+    /// pool's, and uses this only to create a pool that does not exist.
     /// Each group costs every worker an inbox reader and a lease.
     pub slot_groups: u32,
     /// The node takes a child of this token for its tasks: a process

@@ -58,6 +58,19 @@ async fn refuse_evicting_redis(conn: &pulse_redis::Shared) -> Result<()> {
     }
 }
 
+/// The slot groups pool `pool` has, by its epoch; `None` when it has no
+/// epoch (it does not exist yet) or one this version cannot read.
+async fn existing_groups(client: &pulse_redis::Redis, pool: &str) -> Result<Option<u32>> {
+    let keys = PoolKeys::new(pool);
+    let mut conn = client.shared().await.map_err(keys.redis_error("connect"))?;
+    let epoch: Option<String> = redis::cmd("GET")
+        .arg(&keys.epoch)
+        .query_async(&mut conn)
+        .await
+        .map_err(keys.redis_error("read the epoch"))?;
+    Ok(epoch.as_deref().and_then(crate::hash::slot_groups))
+}
+
 /// A process's membership in a pool: dispatches, stops and notifies jobs,
 /// and (unless client-only) hosts workers.
 pub struct Node {
@@ -108,6 +121,13 @@ impl Node {
         client_only: bool,
     ) -> Result<Self> {
         validate_pool(pool)?;
+        let mut options = options;
+        if client_only {
+            // A client follows the pool's layout, whatever it was told: it
+            // hosts nothing, and `dispatch` from any machine should not
+            // need the pool's settings.
+            options.slot_groups = existing_groups(client, pool).await?.unwrap_or(options.slot_groups);
+        }
         let groups = options.slot_groups;
         if !(crate::hash::valid_groups(groups, crate::hash::VIRTUAL_SLOTS) && groups <= MAX_SLOT_GROUPS) {
             return Err(Error::InvalidSlotGroups(groups));

@@ -213,9 +213,9 @@ async fn a_pool_of_slot_groups_follows_a_cluster_master_killed_under_it() {
     let _cluster = run_through_a_failover_in(&redis, &pool, 8, kill_master_of(cluster, tag)).await;
 }
 
-/// A node configured with another number of slot groups than the pool
-/// has is refused, with the numbers and the way to change them; nothing
-/// of the pool changes.
+/// A full node configured with another number of slot groups than the
+/// pool has is refused, with the numbers and the way to change them;
+/// nothing of the pool changes. A client-only node follows the pool's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_with_other_slot_groups_than_its_pool_is_refused() {
     let server = RedisServer::start();
@@ -233,6 +233,19 @@ async fn a_node_with_other_slot_groups_than_its_pool_is_refused() {
     }
     let error = Node::join(&redis, &pool, NodeOptions { slot_groups: 3, ..options() }).await.unwrap_err();
     assert!(matches!(error, pulse_pool::Error::InvalidSlotGroups(3)), "{error}");
+    // A client-only node follows the pool's groups, whatever it was told:
+    // its dispatches reach every group.
+    let calls = Calls::default();
+    node.add_worker(Recording::new(&calls)).await.unwrap();
+    let client = Node::client(&redis, &pool, options()).await.unwrap();
+    let keys: Vec<String> = (0..12).map(|i| format!("k{i}")).collect();
+    for key in &keys {
+        assert_eq!(client.dispatch(key, b"").await.unwrap(), DispatchOutcome::Started);
+    }
+    assert!(started_once(&calls, &keys));
+    assert_eq!(client.jobs().await.unwrap().len(), keys.len());
+    client.close().await;
+    node.shutdown(PATIENCE).await.unwrap();
     node.close().await;
     // A pool of one group refuses a node of several the same way.
     let single = pulse_testkit::unique("groups-single");
