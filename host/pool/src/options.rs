@@ -122,7 +122,11 @@ impl NodeOptions {
             return Err(invalid("it is empty".into()));
         }
         if key.len() > self.max_key_len {
-            return Err(invalid(format!("it is {} bytes", key.len())));
+            return Err(invalid(format!(
+                "it is {} bytes, over the limit of {}",
+                key.len(),
+                self.max_key_len
+            )));
         }
         if let Some(control) = key.chars().find(|c| c.is_control()) {
             return Err(invalid(format!("it holds the control character {control:?}")));
