@@ -21,6 +21,7 @@ pub(crate) async fn list(State(api): State<Api>) -> Result<Json<Value>, ApiError
         pools.push(json!({
             "name": name,
             "workers_here": pool.workers_here,
+            "slot_groups": pool.node.slot_groups(),
             "nodes": nodes.len(),
             "workers": nodes.iter().map(|n| n.workers.len()).sum::<usize>(),
             "jobs": {"running": counts.running, "queued": counts.queued, "failed": counts.failed},

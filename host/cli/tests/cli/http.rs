@@ -339,7 +339,7 @@ async fn every_route_answers_its_outcomes_without_a_token() {
     let echo = pools["pools"].as_array().unwrap().iter().find(|p| p["name"] == "echo").unwrap().clone();
     assert_eq!(
         echo,
-        json!({"name": "echo", "workers_here": true, "nodes": 1, "workers": 2, "jobs": {"running": 42, "queued": 0, "failed": 0}})
+        json!({"name": "echo", "workers_here": true, "slot_groups": 1, "nodes": 1, "workers": 2, "jobs": {"running": 42, "queued": 0, "failed": 0}})
     );
     let (status, workers) = api.get("/api/pools/echo/workers").await;
     assert_eq!(status, 200);

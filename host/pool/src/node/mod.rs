@@ -245,6 +245,11 @@ impl Node {
         self.shutdown_removed().await;
     }
 
+    /// The pool's slot groups (see [`NodeOptions::slot_groups`]).
+    pub fn slot_groups(&self) -> u32 {
+        u32::try_from(self.others.len() + 1).unwrap_or(u32::MAX)
+    }
+
     /// This node's id.
     pub fn id(&self) -> &str {
         &self.core.id
