@@ -61,7 +61,9 @@ impl EmittedEvents {
     pub async fn open(client: &pulse_redis::Redis, pool: &str) -> Result<Self> {
         validate_pool(pool)?;
         let stream = Stream::open(client, EVENTS_STREAM, StreamOptions::default().hash_tag(pool)).await?;
-        let groups = crate::node::PoolView::open(client, pool).await?.slot_groups();
+        let keys = crate::keys::PoolKeys::new(pool);
+        let conn = client.shared().await.map_err(keys.redis_error("connect"))?;
+        let groups = crate::core::pool_layout(&conn, &keys).await?.map_or(1, |(_, groups)| groups);
         let mut others = Vec::new();
         for group in 1..groups {
             let tag = crate::keys::group_tag(pool, group, groups);

@@ -65,7 +65,9 @@ pub fn slot_groups(epoch: &str) -> Option<u32> {
     Some(groups)
 }
 
-fn epoch_layout(epoch: &str) -> Option<(u32, u32)> {
+/// The slot count and slot groups recorded in pool epoch `epoch`; `None`
+/// when it cannot be read.
+pub(crate) fn epoch_layout(epoch: &str) -> Option<(u32, u32)> {
     let mut parts = epoch.split(':');
     let _random = parts.next()?;
     let slots: u32 = parts.next()?.parse().ok().filter(|slots| (1..=1 << 16).contains(slots))?;

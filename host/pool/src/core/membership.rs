@@ -376,6 +376,21 @@ pub(crate) async fn pool_epoch(
     }
 }
 
+/// The slot count and slot groups recorded in the pool's epoch; `None`
+/// when it has none (the pool does not exist yet) or one this version
+/// cannot read.
+///
+/// # Errors
+/// Redis failures.
+pub(crate) async fn pool_layout(conn: &pulse_redis::Shared, keys: &PoolKeys) -> Result<Option<(u32, u32)>> {
+    let epoch: Option<String> = redis::cmd("GET")
+        .arg(&keys.epoch)
+        .query_async(&mut conn.clone())
+        .await
+        .map_err(keys.redis_error("read the epoch"))?;
+    Ok(epoch.as_deref().and_then(crate::hash::epoch_layout))
+}
+
 /// The epoch given to a replicated map's hash if a script creates it.
 fn map_epoch() -> String {
     format!("{:016x}", fastrand::u64(..))

@@ -34,7 +34,7 @@ use crate::scripts;
 pub(crate) use answers::{Assigned, Dispatched, Join, Outcome, Routed, protocol};
 pub(crate) use emits::{Emit, EmitQueue, emit_cmd, written_flags};
 pub(crate) use fence::{Lease, WorkerFence, tick};
-pub(crate) use membership::{parse_entry, pool_epoch};
+pub(crate) use membership::{parse_entry, pool_epoch, pool_layout};
 pub(crate) use replies::{Answer, Waiter, Waiters, start as start_replies};
 
 /// What a node's parts share.

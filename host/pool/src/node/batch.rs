@@ -19,9 +19,6 @@ use crate::error::Result;
 use crate::job::DispatchOutcome;
 use crate::scripts;
 
-/// Jobs of a batch: key and payload.
-type Jobs = Vec<(String, Vec<u8>)>;
-
 /// Jobs one script starts, at most.
 const GROUP: usize = 500;
 
@@ -54,27 +51,17 @@ impl Node {
     /// With several slot groups, each group's jobs go as a batch of their
     /// own, all groups at once.
     pub async fn dispatch_batch(&self, jobs: &[(String, Vec<u8>)]) -> Vec<Result<DispatchOutcome>> {
-        if self.others.is_empty() {
-            return self.dispatch_batch_here(jobs).await;
-        }
-        let groups = u32::try_from(self.others.len() + 1).unwrap_or(1);
-        let slots = self.core.lease.slot_count();
-        // Per group: the jobs' places in `jobs`, and the jobs.
-        let mut by_group: Vec<(Vec<usize>, Jobs)> = vec![Default::default(); groups as usize];
-        for (index, job) in jobs.iter().enumerate() {
-            let (indexes, group_jobs) = &mut by_group[crate::hash::group_of(&job.0, slots, groups) as usize];
-            indexes.push(index);
-            group_jobs.push(job.clone());
-        }
-        let sends = by_group.iter().enumerate().map(|(group, (_, group_jobs))| async move {
+        let by_group = self.by_group(jobs.iter().map(|(key, _)| key.as_str()));
+        let sends = by_group.iter().enumerate().map(|(group, indexes)| async move {
+            let group_jobs: Vec<&(String, Vec<u8>)> = indexes.iter().map(|&index| &jobs[index]).collect();
             match group_jobs.is_empty() {
                 true => Vec::new(),
-                false => self.group(u32::try_from(group).unwrap_or(0)).dispatch_batch_here(group_jobs).await,
+                false => self.group(u32::try_from(group).unwrap_or(0)).dispatch_batch_here(&group_jobs).await,
             }
         });
         let answers = futures_util::future::join_all(sends).await;
         let mut outcomes: Vec<Option<Result<DispatchOutcome>>> = jobs.iter().map(|_| None).collect();
-        for ((indexes, _), answers) in by_group.into_iter().zip(answers) {
+        for (indexes, answers) in by_group.into_iter().zip(answers) {
             for (index, outcome) in indexes.into_iter().zip(answers) {
                 outcomes[index] = Some(outcome);
             }
@@ -83,7 +70,7 @@ impl Node {
     }
 
     /// [`Node::dispatch_batch`] of jobs of this node's slot group.
-    async fn dispatch_batch_here(&self, jobs: &[(String, Vec<u8>)]) -> Vec<Result<DispatchOutcome>> {
+    async fn dispatch_batch_here(&self, jobs: &[&(String, Vec<u8>)]) -> Vec<Result<DispatchOutcome>> {
         let began = Instant::now();
         let core = &self.core;
         let mut outcomes: Vec<Option<Result<DispatchOutcome>>> = jobs.iter().map(|_| None).collect();
@@ -168,7 +155,7 @@ impl Node {
     /// replicas asked for hold them.
     async fn send_groups(
         &self,
-        jobs: &[(String, Vec<u8>)],
+        jobs: &[&(String, Vec<u8>)],
         groups: &[Group<'_>],
     ) -> Vec<(redis::RedisResult<Vec<Result<Dispatched>>>, bool)> {
         let core = &self.core;

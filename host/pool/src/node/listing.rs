@@ -108,7 +108,7 @@ impl Node {
     /// other: the cursor carries the group in its top byte.
     pub async fn jobs_page(&self, cursor: u64, count: usize) -> Result<(u64, Vec<JobInfo>)> {
         let (group, inner) = (cursor >> GROUP_SHIFT, cursor & !(u64::MAX << GROUP_SHIFT));
-        let groups = self.others.len() as u64 + 1;
+        let groups = u64::from(self.slot_groups());
         let Some(node) = u32::try_from(group).ok().filter(|_| group < groups).map(|group| self.group(group))
         else {
             return Ok((0, Vec::new()));
@@ -161,11 +161,7 @@ impl Node {
     /// group.
     pub(crate) async fn existing(&self, keys: &[&str]) -> redis::RedisResult<Vec<bool>> {
         let mut answers = vec![false; keys.len()];
-        let groups = u32::try_from(self.others.len() + 1).unwrap_or(1);
-        let slots = self.core.lease.slot_count();
-        for (group, node) in (0..groups).zip(self.groups()) {
-            let indexes: Vec<usize> =
-                (0..keys.len()).filter(|&i| crate::hash::group_of(keys[i], slots, groups) == group).collect();
+        for (node, indexes) in self.groups().zip(self.by_group(keys.iter().copied())) {
             if indexes.is_empty() {
                 continue;
             }

@@ -58,19 +58,6 @@ async fn refuse_evicting_redis(conn: &pulse_redis::Shared) -> Result<()> {
     }
 }
 
-/// The slot groups pool `pool` has, by its epoch; `None` when it has no
-/// epoch (it does not exist yet) or one this version cannot read.
-async fn existing_groups(client: &pulse_redis::Redis, pool: &str) -> Result<Option<u32>> {
-    let keys = PoolKeys::new(pool);
-    let mut conn = client.shared().await.map_err(keys.redis_error("connect"))?;
-    let epoch: Option<String> = redis::cmd("GET")
-        .arg(&keys.epoch)
-        .query_async(&mut conn)
-        .await
-        .map_err(keys.redis_error("read the epoch"))?;
-    Ok(epoch.as_deref().and_then(crate::hash::slot_groups))
-}
-
 /// A process's membership in a pool: dispatches, stops and notifies jobs,
 /// and (unless client-only) hosts workers.
 pub struct Node {
@@ -121,12 +108,19 @@ impl Node {
         client_only: bool,
     ) -> Result<Self> {
         validate_pool(pool)?;
+        let keys = PoolKeys::new(pool);
+        // One connection for every group: multiplexed, as one group's
+        // workers and dispatches share one.
+        let conn = client.shared().await.map_err(keys.redis_error("connect"))?;
+        if !client_only {
+            refuse_evicting_redis(&conn).await?;
+        }
         let mut options = options;
-        if client_only {
+        if client_only && let Some((_, groups)) = core::pool_layout(&conn, &keys).await? {
             // A client follows the pool's layout, whatever it was told: it
             // hosts nothing, and `dispatch` from any machine should not
             // need the pool's settings.
-            options.slot_groups = existing_groups(client, pool).await?.unwrap_or(options.slot_groups);
+            options.slot_groups = groups;
         }
         let groups = options.slot_groups;
         if !(crate::hash::valid_groups(groups, crate::hash::VIRTUAL_SLOTS) && groups <= MAX_SLOT_GROUPS) {
@@ -135,12 +129,12 @@ impl Node {
         // A ULID: unique across hosts (every container's process may be
         // pid 1) and sortable by when the node joined.
         let id = ulid::Ulid::new().to_string();
+        let start = |keys| Self::start_group(client, conn.clone(), keys, &options, client_only, &id);
         // Group 0 first: its epoch says whether the pool has `groups`
         // groups before any other group's keys are written.
-        let mut node = Self::start_group(client, PoolKeys::new(pool), &options, client_only, &id).await?;
+        let mut node = start(keys).await?;
         for group in 1..groups {
-            let keys = PoolKeys::group(pool, group, groups);
-            match Self::start_group(client, keys, &options, client_only, &id).await {
+            match start(PoolKeys::group(pool, group, groups)).await {
                 Ok(member) => node.others.push(member),
                 Err(error) => {
                     node.close().await;
@@ -152,9 +146,10 @@ impl Node {
         Ok(node)
     }
 
-    /// Joins the slot group whose keys are `keys` as node `id`.
+    /// Joins the slot group whose keys are `keys` as node `id`, on `conn`.
     async fn start_group(
         client: &pulse_redis::Redis,
+        conn: pulse_redis::Shared,
         keys: PoolKeys,
         options: &NodeOptions,
         client_only: bool,
@@ -163,9 +158,7 @@ impl Node {
         let mut options = options.clone();
         // No counter spans the groups: each admits its share.
         options.max_jobs = options.max_jobs.div_ceil(u64::from(options.slot_groups));
-        let conn = client.shared().await.map_err(keys.redis_error("connect"))?;
         if !client_only {
-            refuse_evicting_redis(&conn).await?;
             let mut c = conn.clone();
             let shutting_down: bool = redis::cmd("EXISTS")
                 .arg(&keys.shutdown)
@@ -214,16 +207,27 @@ impl Node {
         std::iter::once(self).chain(&self.others)
     }
 
+    /// The slot group of `key`.
+    fn group_of(&self, key: &str) -> u32 {
+        crate::hash::group_of(key, self.core.lease.slot_count(), self.slot_groups())
+    }
+
     /// The node of `key`'s slot group when it is not this one.
     fn elsewhere(&self, key: &str) -> Option<&Node> {
-        if self.others.is_empty() {
-            return None;
-        }
-        let groups = u32::try_from(self.others.len() + 1).unwrap_or(1);
-        match crate::hash::group_of(key, self.core.lease.slot_count(), groups) {
+        match self.group_of(key) {
             0 => None,
             group => Some(self.group(group)),
         }
+    }
+
+    /// The places of `keys` in their order, by slot group (group 0's
+    /// first).
+    fn by_group<'a>(&self, keys: impl Iterator<Item = &'a str>) -> Vec<Vec<usize>> {
+        let mut by_group = vec![Vec::new(); self.others.len() + 1];
+        for (index, key) in keys.enumerate() {
+            by_group[self.group_of(key) as usize].push(index);
+        }
+        by_group
     }
 
     /// Waits until the pool shuts down ([`Node::shutdown`], from any node),

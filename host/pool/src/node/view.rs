@@ -18,9 +18,8 @@ use crate::keys::{PoolKeys, SLOTS_MAP, WORKERS_MAP, validate_pool};
 #[derive(Clone)]
 pub struct PoolView {
     conn: pulse_redis::Shared,
-    /// Group 0's keys: the pool-wide records are there.
-    keys: PoolKeys,
-    /// Every slot group's keys, group 0's first.
+    /// Every slot group's keys, group 0's (where the pool-wide records
+    /// are) first.
     groups: Vec<PoolKeys>,
     /// The pool's slot count (a key's group comes from its slot).
     slot_count: u32,
@@ -28,7 +27,7 @@ pub struct PoolView {
 
 impl std::fmt::Debug for PoolView {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PoolView").field("pool", &self.keys.pool).finish_non_exhaustive()
+        f.debug_struct("PoolView").field("pool", &self.keys().pool).finish_non_exhaustive()
     }
 }
 
@@ -44,18 +43,11 @@ impl PoolView {
         validate_pool(pool)?;
         let keys = PoolKeys::new(pool);
         let conn = client.shared().await.map_err(keys.redis_error("connect"))?;
-        let epoch: Option<String> = redis::cmd("GET")
-            .arg(&keys.epoch)
-            .query_async(&mut conn.clone())
-            .await
-            .map_err(keys.redis_error("read the epoch"))?;
         // A pool that does not exist (yet) lists as one empty group.
-        let (slot_count, groups) = epoch
-            .as_deref()
-            .and_then(|epoch| Some((crate::hash::slot_count(epoch)?, crate::hash::slot_groups(epoch)?)))
-            .unwrap_or((crate::hash::VIRTUAL_SLOTS, 1));
+        let (slot_count, groups) =
+            crate::core::pool_layout(&conn, &keys).await?.unwrap_or((crate::hash::VIRTUAL_SLOTS, 1));
         let groups = (0..groups).map(|group| PoolKeys::group(pool, group, groups)).collect();
-        Ok(Self { conn, keys, groups, slot_count })
+        Ok(Self { conn, groups, slot_count })
     }
 
     /// The pool's slot groups (1 for a pool that does not exist).
@@ -63,10 +55,14 @@ impl PoolView {
         u32::try_from(self.groups.len()).unwrap_or(1)
     }
 
+    /// Group 0's keys, where the pool-wide records are.
+    fn keys(&self) -> &PoolKeys {
+        &self.groups[0]
+    }
+
     /// The keys of `key`'s slot group.
     fn keys_of(&self, key: &str) -> &PoolKeys {
-        let groups = u32::try_from(self.groups.len()).unwrap_or(1);
-        &self.groups[crate::hash::group_of(key, self.slot_count, groups) as usize]
+        &self.groups[crate::hash::group_of(key, self.slot_count, self.slot_groups()) as usize]
     }
 
     /// What the pool knows of job `key`.
@@ -125,10 +121,10 @@ impl PoolView {
     /// Cancel safe: it only reads.
     pub async fn handler(&self) -> Result<Option<String>> {
         redis::cmd("GET")
-            .arg(&self.keys.handler)
+            .arg(&self.keys().handler)
             .query_async(&mut self.conn.clone())
             .await
-            .map_err(self.keys.redis_error("read the pool's handler"))
+            .map_err(self.keys().redis_error("read the pool's handler"))
     }
 
     /// The pool's full nodes, from the workers they host.
@@ -139,7 +135,7 @@ impl PoolView {
     /// # Cancel safety
     /// Cancel safe: it only reads.
     pub async fn nodes(&self) -> Result<Vec<NodeInfo>> {
-        let (_, workers) = self.maps(&self.keys).await?;
+        let (_, workers) = self.maps(self.keys()).await?;
         Ok(nodes_of(workers))
     }
 
