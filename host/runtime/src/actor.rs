@@ -100,17 +100,11 @@ impl Actor {
                     let _ = reply.send(self.start(job).await);
                 }
                 Command::Stop { key, mut reply } => {
-                    let answer = tokio::select! {
-                        answer = self.stop(&key) => Some(answer),
-                        () = reply.closed() => None,
-                    };
+                    let answer = unless_abandoned(self.stop(&key), &mut reply).await;
                     self.answer(&key, answer, reply).await;
                 }
                 Command::Notify { key, payload, mut reply } => {
-                    let answer = tokio::select! {
-                        answer = self.notify(&key, &payload) => Some(answer),
-                        () = reply.closed() => None,
-                    };
+                    let answer = unless_abandoned(self.notify(&key, &payload), &mut reply).await;
                     self.answer(&key, answer, reply).await;
                 }
                 Command::Timer { key, name, generation } => self.tick(&key, &name, generation).await,
@@ -134,9 +128,8 @@ impl Actor {
             None => {
                 let error = CallError::Abandoned(key.to_owned());
                 tracing::warn!(job.key = key, "the call's caller stopped waiting; the call was cut off");
-                if let Some(live) = self.live.as_mut() {
-                    live.drop_job(key);
-                }
+                // Discards the instance, and with it the job; starts the
+                // others again.
                 self.after_failure(key, &error).await;
                 // Nobody takes the answer that would have forgotten it.
                 (self.on_gone)(key, self.id);
@@ -256,5 +249,17 @@ impl Actor {
 
     async fn instantiate(&mut self) -> Result<Instance, CallError> {
         Instance::new(&self.plugin, self.outputs.clone(), self.commands.clone()).await
+    }
+}
+
+/// The outcome of `call`, or `None` once its caller stopped waiting for
+/// `reply` (then `call` is dropped: the guest stops at its next epoch
+/// tick).
+async fn unless_abandoned<F: Future>(call: F, reply: &mut Reply) -> Option<F::Output> {
+    tokio::select! {
+        // A call that returned is answered, even if its caller just left.
+        biased;
+        answer = call => Some(answer),
+        () = reply.closed() => None,
     }
 }
