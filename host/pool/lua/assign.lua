@@ -21,7 +21,7 @@ if not job or job.state ~= 'queued' then
   redis.call('SREM', KEYS[5], key)
   return {'skip'}
 end
-local token = tostring(redis.call('INCR', KEYS[4]))
+local token = string.format('%d', take_tokens(KEYS[4], 1))
 -- `reply` and `request`: a dispatcher still waiting for the start, when
 -- the job's first worker was evicted before it started it.
 local r = redis.call('HMGET', record, 'payload', 'created', 'attempt', 'state', 'requeued', 'reply', 'request')

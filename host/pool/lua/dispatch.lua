@@ -27,7 +27,7 @@ local state = worker == '' and 'queued' or 'running'
 -- The jobs' tokens at once, in job order (a job not claimed leaves its
 -- token unused: tokens only have to grow), and their keys added to the
 -- queued set or the worker's set at once, after the loop.
-local first = redis.call('INCRBY', KEYS[3], n) - n
+local first = take_tokens(KEYS[3], n) - n
 -- What every job's start event shares, made once: its fields but key,
 -- token, request and payload (seq 0, reply stream | attempt 1, not
 -- requeued, created at the event's time | no state). Numbers become text

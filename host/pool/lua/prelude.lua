@@ -6,7 +6,7 @@
 --   state|worker|token|seq
 -- state: running, moving (its worker is handing it back), queued or failed; worker: its owner when running;
 -- token: the fencing token of its current ownership (grows forever, pool
--- wide); seq: the sequence number of the last event sent for it.
+-- wide, see take_tokens); seq: the sequence number of the last event sent for it.
 -- Every change a worker makes to a job passes the token it holds; a script
 -- refuses it when the token is no longer the job's.
 
@@ -24,6 +24,22 @@ end
 local function now_ms()
   local t = redis.call('TIME')
   return tostring(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+end
+
+-- Takes `n` fencing tokens from the pool's counter (KEYS `counter`) and
+-- returns the last of them. A counter Redis does not hold (a new pool, one
+-- shut down, or one whose data Redis lost) starts at Redis's clock in
+-- microseconds, not at 0: every token handed out before it was lost is then
+-- smaller, so a service that keeps the newest token per job (docs/design.md,
+-- "The fence carried to the world") never sees a job's token go back. That
+-- holds while the pool hands out fewer than a million tokens a second on
+-- average and Redis's clock does not go back. Costs one INCRBY, and TIME
+-- and a second INCRBY once per counter.
+local function take_tokens(counter, n)
+  local last = redis.call('INCRBY', counter, n)
+  if last > n then return last end
+  local t = redis.call('TIME')
+  return redis.call('INCRBY', counter, tonumber(t[1]) * 1000000 + tonumber(t[2]))
 end
 
 -- A held event, waiting in a job's held list for the job's next start:

@@ -374,6 +374,19 @@ async fn dead_host_s_jobs_move_once_each(pool: &str, groups: u32, dead_workers: 
     for _ in 0..dead_workers {
         host.add_worker(Recording::new(&dead)).await.unwrap();
     }
+    // Each group's token counter from a known start (a new counter would
+    // start at Redis's clock).
+    const COUNTED_FROM: u64 = 1_000;
+    let mut conn = server.connect().await;
+    for group in 0..groups {
+        let tag = pulse_pool::group_tag(pool, group, groups);
+        redis::cmd("SET")
+            .arg(format!("pulse:{{{tag}}}:tokens"))
+            .arg(COUNTED_FROM)
+            .exec_async(&mut conn)
+            .await
+            .unwrap();
+    }
     let keys: Vec<String> = (0..jobs).map(|i| format!("job-{i}")).collect();
     for key in &keys {
         assert_eq!(survivor.dispatch(key, b"").await.unwrap(), DispatchOutcome::Started);
@@ -414,7 +427,6 @@ async fn dead_host_s_jobs_move_once_each(pool: &str, groups: u32, dead_workers: 
     let twice: Vec<_> = starts.iter().filter(|(_, n)| **n > 1).collect();
     assert!(twice.is_empty(), "started twice on the survivor: {twice:?}");
 
-    let mut conn = server.connect().await;
     let survivors: HashSet<String> = survivor
         .workers()
         .await
@@ -435,7 +447,7 @@ async fn dead_host_s_jobs_move_once_each(pool: &str, groups: u32, dead_workers: 
         );
         let counted: u64 =
             redis::cmd("GET").arg(format!("pulse:{{{tag}}}:tokens")).query_async(&mut conn).await.unwrap();
-        tokens += counted;
+        tokens += counted - COUNTED_FROM;
     }
     // One token per dispatch, one per move: a job routed to a dead worker
     // on its way would have taken two.

@@ -153,6 +153,80 @@ impl pulse_pool::JobHandler for Keeper {
     }
 }
 
+/// The token of each run of a job, as its handler got it.
+#[derive(Clone, Default)]
+struct Tokens(Arc<std::sync::Mutex<Vec<(String, u64)>>>);
+
+impl Tokens {
+    fn of(&self, key: &str) -> Vec<u64> {
+        self.0.lock().unwrap().iter().filter(|(k, _)| k == key).map(|(_, token)| *token).collect()
+    }
+}
+
+impl pulse_pool::JobHandler for Tokens {
+    async fn start(
+        &self,
+        job: pulse_pool::Job,
+        ctx: pulse_pool::JobContext,
+    ) -> Result<(), pulse_pool::HandlerError> {
+        self.0.lock().unwrap().push((job.key, ctx.token().parse().unwrap()));
+        Ok(())
+    }
+
+    async fn stop(&self, _key: &str) -> Result<(), pulse_pool::HandlerError> {
+        Ok(())
+    }
+
+    async fn notify(&self, _key: &str, _payload: Vec<u8>, _seq: u64) -> Result<(), pulse_pool::HandlerError> {
+        Ok(())
+    }
+}
+
+/// A service that keeps the newest token per job refuses writes with an
+/// older one: a job's token must never go back, also when Redis loses the
+/// counter with the rest of the pool's data, or a shutdown removes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_s_token_only_grows_across_redis_losing_its_data_and_a_shutdown() {
+    let mut server = RedisServer::start();
+    let client = pulse_redis::Redis::open(server.url()).unwrap();
+    let tokens = Tokens::default();
+    let node = Node::join(&client, "tokens", options()).await.unwrap();
+    node.add_worker(tokens.clone()).await.unwrap();
+    for key in ["kept", "again"] {
+        assert_eq!(node.dispatch(key, b"").await.unwrap(), DispatchOutcome::Started);
+    }
+    assert_eq!(node.stop("again").await.unwrap(), pulse_pool::EventOutcome::Done);
+    server.restart();
+    // The worker writes `kept` back under its token; `again` ran nowhere
+    // when Redis lost it, so nothing but the counter remembers its token.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        // Queued when it came before the workers joined again.
+        match node.dispatch("again", b"").await {
+            Ok(DispatchOutcome::Started | DispatchOutcome::Queued | DispatchOutcome::AlreadyExists(_)) => {
+                break;
+            }
+            other => assert!(tokio::time::Instant::now() < deadline, "{other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    while tokens.of("again").len() < 2 {
+        assert!(tokio::time::Instant::now() < deadline, "again did not start after the loss");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let runs = tokens.of("again");
+    assert!(runs[1] > runs[0], "after Redis lost its data: {runs:?}");
+    node.shutdown(PATIENCE).await.unwrap();
+
+    let node = Node::join(&client, "tokens", options()).await.unwrap();
+    node.add_worker(tokens.clone()).await.unwrap();
+    assert_eq!(node.dispatch("again", b"").await.unwrap(), DispatchOutcome::Started);
+    let runs = tokens.of("again");
+    assert!(runs[2] > runs[1], "after a shutdown: {runs:?}");
+    assert_eq!(tokens.of("kept").len(), 1, "kept was written back, not started again");
+    node.shutdown(PATIENCE).await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_emitted_across_a_redis_restart_with_its_data_are_all_written_in_order() {
     let mut server = RedisServer::start_persistent();
