@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use pulse_pool::{ContextError, HandlerError, JobContext, JobHandler, JobProducer, Plan, ProducerError};
 use pulse_runtime::{
-    BoxFuture, CallError, HostRefusal, JobError, JobOutputs, JobRunner, PlanAnswer, Plugin, Producer,
+    BoxFuture, CallError, Fence, HostRefusal, JobError, JobOutputs, JobRunner, PlanAnswer, Plugin, Producer,
 };
 
 /// The contexts of the jobs a worker runs, by key: how a plugin's requests
@@ -96,6 +96,10 @@ fn handler_error(error: CallError) -> HandlerError {
         CallError::Instantiate(message) => {
             HandlerError::Retryable(format!("failed to instantiate the plugin: {message}"))
         }
+        // The job may run elsewhere: nothing of it is this worker's to
+        // record (the worker writes nothing of a call that ended so), and
+        // never a failure.
+        error @ (CallError::Lost(_) | CallError::Fenced(_)) => HandlerError::Retryable(error.to_string()),
         other => HandlerError::Fatal(other.to_string()),
     }
 }
@@ -131,6 +135,17 @@ impl JobOutputs for PoolOutputs {
 
     fn may_run(&self, key: &str) -> bool {
         self.contexts.get(key).is_some_and(|ctx| ctx.is_live())
+    }
+
+    fn lost(&self, key: &str) -> bool {
+        self.contexts.get(key).is_some_and(|ctx| ctx.is_lost())
+    }
+
+    fn fence(&self, key: &str) -> Option<Fence> {
+        let ctx = self.contexts.get(key)?;
+        // Tokens are the counter's decimal values (`take_tokens`).
+        let token = ctx.token().parse().ok()?;
+        Some(Fence { pool: ctx.pool().to_owned(), key: key.to_owned(), token })
     }
 
     fn job_failed<'a>(&'a self, key: &'a str, error: &'a CallError) -> BoxFuture<'a, ()> {

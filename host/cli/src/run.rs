@@ -49,7 +49,9 @@ pub(crate) fn plugin_options(plugin: &pulse_config::PluginConfig) -> anyhow::Res
             &plugin.allowed_outbound_hosts,
             plugin.outbound_ca_file.as_deref(),
             &plugin.limits,
-        )?,
+        )?
+        .fenced_by(plugin.outbound_fence_header.as_deref())
+        .with_context(|| format!("plugin {:?}: outbound_fence_header", plugin.name))?,
     })
 }
 
@@ -64,7 +66,8 @@ pub(crate) fn producer_options(schedule: &pulse_config::ScheduleConfig) -> anyho
             &schedule.allowed_outbound_hosts,
             schedule.outbound_ca_file.as_deref(),
             &schedule.limits,
-        )?,
+        )?
+        .fenced_by(None)?,
     })
 }
 
@@ -103,6 +106,7 @@ fn outbound(
         max_response_bytes: limits.http_response_bytes,
         max_requests: limits.http_requests,
         tls,
+        ..pulse_runtime::Outbound::default()
     })
 }
 

@@ -209,6 +209,10 @@ pub struct PluginConfig {
     /// `outbound_ca_file`: certificate authorities (PEM) its HTTPS
     /// requests trust beside the webpki roots.
     pub outbound_ca_file: Option<PathBuf>,
+    /// `outbound_fence_header`: the header (lower case) each request of a
+    /// job carries the job's fence in, `pulse-fence` unless set; `None`
+    /// when set to `""`.
+    pub outbound_fence_header: Option<String>,
     /// `[plugin.limits]`.
     pub limits: Limits,
     /// `[plugin.settings]`.

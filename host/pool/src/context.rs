@@ -67,13 +67,20 @@ impl JobContext {
         &self.key
     }
 
+    /// The job's pool.
+    pub fn pool(&self) -> &str {
+        &self.core.keys.pool
+    }
+
     /// The worker running the job.
     pub fn worker(&self) -> &str {
         &self.worker
     }
 
-    /// The fencing token of this run of the job: it grows with every
-    /// start of the job anywhere in the pool, so a system the job writes
+    /// The fencing token of this run of the job: a decimal number larger
+    /// than the token of every earlier owner of the job anywhere in the
+    /// pool, also across a shutdown of the pool or Redis losing its data
+    /// (see `take_tokens` in `lua/prelude.lua`), so a system the job writes
     /// to can refuse writes from an older run.
     pub fn token(&self) -> &str {
         &self.token
@@ -85,6 +92,16 @@ impl JobContext {
     /// handler call (a timer) and before any effect it has.
     pub fn is_live(&self) -> bool {
         self.core.lease.valid_for(&self.fence)
+    }
+
+    /// Whether the job is lost here: its worker's lease may have ended or
+    /// the worker was evicted, so the job may run elsewhere now. False
+    /// while the worker only waits to write its jobs back after Redis lost
+    /// the pool's data (then [`Self::is_live`] is false, but the job stays
+    /// here). Cut off anything of the job's still running when this turns
+    /// true: the worker writes nothing of what it returns.
+    pub fn is_lost(&self) -> bool {
+        !self.is_live() && !self.core.lease.data_loss_pending(&self.fence)
     }
 
     /// Stores the job's state; the next start of the job receives it.

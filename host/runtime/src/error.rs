@@ -130,6 +130,12 @@ pub enum CallError {
     /// until `call_timeout`.
     #[error("the call to job {0:?} was cut off: its caller stopped waiting for it")]
     Abandoned(String),
+    /// The job was lost during the call ([`crate::JobOutputs::lost`]: its
+    /// worker's lease may have ended, so it may run elsewhere now): the
+    /// guest was cut off mid-call and its instance discarded, so a call
+    /// never outlives the lease it started under.
+    #[error("the call to job {0:?} was cut off: the job may run elsewhere now")]
+    Lost(String),
 }
 
 impl CallError {
@@ -153,6 +159,7 @@ impl CallError {
             CallError::Trap(_)
                 | CallError::Timeout(_)
                 | CallError::Abandoned(_)
+                | CallError::Lost(_)
                 | CallError::MemoryLimit { .. }
                 | CallError::FuelExhausted(_)
         )

@@ -23,7 +23,7 @@ use crate::job::Job;
 use crate::limits::{Limiter, Limits, MemoryLimitExceeded};
 use crate::metrics::PluginMetrics;
 use crate::outbound::OutboundHooks;
-use crate::outputs::JobOutputs;
+use crate::outputs::{JobOutputs, LOSS_CHECK};
 use crate::plugin::PluginInner;
 
 /// The guest call to make.
@@ -200,6 +200,7 @@ impl Instance {
         let span = tracing::info_span!("call", job.key = call.key(), call = call.name());
         self.store.data().log_gate.enter(call.key());
         self.store.data_mut().http_hooks.enter(call.key());
+        let outputs = self.store.data().outputs.clone();
         let handler = self.bindings.pulse_job_handler();
         let store = &mut self.store;
         let outcome = async {
@@ -210,16 +211,35 @@ impl Instance {
                 GuestCall::Timer(key, name) => handler.call_on_timer(store, key, name).await,
             }
         };
-        // Dropping the call future at the timeout abandons the guest mid-call;
-        // the instance is then poisoned and dropped (see `poisons_instance`).
-        let result = match tokio::time::timeout(limits.call_timeout, outcome.instrument(span)).await {
-            Err(_elapsed) => Err(CallError::Timeout(limits.call_timeout)),
-            Ok(Err(trap)) => Err(classify(trap, &limits)),
-            Ok(Ok(Err(guest))) => Err(CallError::Guest(from_wit(guest))),
-            Ok(Ok(Ok(()))) => Ok(()),
+        // Dropping the call future at the timeout, or once its job is lost,
+        // abandons the guest mid-call; the instance is then poisoned and
+        // dropped (see `poisons_instance`).
+        let lost = lost(outputs, call.key());
+        let timed = tokio::time::timeout(limits.call_timeout, outcome.instrument(span));
+        let result = tokio::select! {
+            // A call that returned is answered as it returned.
+            biased;
+            timed = timed => match timed {
+                Err(_elapsed) => Err(CallError::Timeout(limits.call_timeout)),
+                Ok(Err(trap)) => Err(classify(trap, &limits)),
+                Ok(Ok(Err(guest))) => Err(CallError::Guest(from_wit(guest))),
+                Ok(Ok(Ok(()))) => Ok(()),
+            },
+            () = lost => Err(CallError::Lost(call.key().to_owned())),
         };
         self.metrics.call(call.name(), &result);
         result
+    }
+}
+
+/// Resolves once job `key` is lost (checked every [`LOSS_CHECK`]); never
+/// for a host that does not say.
+async fn lost(outputs: Arc<dyn JobOutputs>, key: &str) {
+    loop {
+        tokio::time::sleep(LOSS_CHECK).await;
+        if outputs.lost(key) {
+            return;
+        }
     }
 }
 

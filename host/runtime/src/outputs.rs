@@ -36,6 +36,13 @@ pub trait JobOutputs: Send + Sync + 'static {
     /// failed. The job no longer runs here.
     fn job_failed<'a>(&'a self, key: &'a str, error: &'a CallError) -> BoxFuture<'a, ()>;
 
+    /// The fence of job `key`'s run here: what `env.fence` answers and what
+    /// its outgoing HTTP requests carry. The default has none.
+    fn fence(&self, key: &str) -> Option<Fence> {
+        let _ = key;
+        None
+    }
+
     /// Whether job `key`'s code may run now. Asked before every guest call
     /// for the job, timer callbacks included: a host that may have lost
     /// the job (its lease ended) answers false, and the call is not made.
@@ -43,6 +50,57 @@ pub trait JobOutputs: Send + Sync + 'static {
     fn may_run(&self, key: &str) -> bool {
         let _ = key;
         true
+    }
+
+    /// Whether job `key` is lost here: it may run elsewhere now (its
+    /// worker's lease may have ended). Asked every [`LOSS_CHECK`] while a
+    /// guest call for the job runs: the call is cut off at once, its
+    /// instance discarded, and it ends with [`CallError::Lost`]. Not the
+    /// same as `!may_run`: a host waiting for its jobs to be written back
+    /// after Redis lost its data calls nothing meanwhile, but a call in
+    /// flight keeps its instance. The default is never.
+    fn lost(&self, key: &str) -> bool {
+        let _ = key;
+        false
+    }
+}
+
+/// How often a guest call checks that its job is not lost
+/// ([`JobOutputs::lost`]).
+pub const LOSS_CHECK: Duration = Duration::from_millis(50);
+
+/// The fence of one run of a job (the `fence` record of the WIT
+/// contract): a service the job writes to keeps the largest `token` it saw
+/// per pool and key and refuses writes with a smaller one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    /// The job's pool.
+    pub pool: String,
+    /// The job's key.
+    pub key: String,
+    /// The run's fencing token.
+    pub token: u64,
+}
+
+impl Fence {
+    /// The value of the header outgoing requests carry:
+    /// `<pool>/<key>/<token>`, the key percent-encoded (every byte but
+    /// ASCII letters, digits, `-`, `.`, `_` and `~`), so the value is
+    /// visible ASCII and splits at its two `/`.
+    pub fn header_value(&self) -> String {
+        let mut value = String::with_capacity(self.pool.len() + self.key.len() + 22);
+        value.push_str(&self.pool);
+        value.push('/');
+        for byte in self.key.bytes() {
+            if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
+                value.push(char::from(byte));
+            } else {
+                value.push_str(&format!("%{byte:02X}"));
+            }
+        }
+        value.push('/');
+        value.push_str(&self.token.to_string());
+        value
     }
 }
 
@@ -108,6 +166,8 @@ struct RecorderState {
     saved: HashMap<String, Vec<u8>>,
     refusals: HashMap<String, HostRefusal>,
     fenced: std::collections::HashSet<String>,
+    fences: HashMap<String, Fence>,
+    lost: std::collections::HashSet<String>,
 }
 
 impl Recorder {
@@ -152,6 +212,20 @@ impl Recorder {
     /// that lost the job does).
     pub fn fence(&self, key: &str) {
         self.lock().fenced.insert(key.to_owned());
+    }
+
+    /// From now on, answer that job `key` is lost (as a host whose lease
+    /// ended does): a call running for it is cut off, and none is made.
+    pub fn lose(&self, key: &str) {
+        let mut state = self.lock();
+        state.fenced.insert(key.to_owned());
+        state.lost.insert(key.to_owned());
+    }
+
+    /// From now on, give job `key` `fence` (`env.fence`, and the header of
+    /// its outgoing requests).
+    pub fn set_fence(&self, fence: Fence) {
+        self.lock().fences.insert(fence.key.clone(), fence);
     }
 
     /// Waits until `done` holds for the outputs so far, or `timeout` passes.
@@ -212,6 +286,14 @@ impl JobOutputs for Recorder {
 
     fn may_run(&self, key: &str) -> bool {
         !self.lock().fenced.contains(key)
+    }
+
+    fn fence(&self, key: &str) -> Option<Fence> {
+        self.lock().fences.get(key).cloned()
+    }
+
+    fn lost(&self, key: &str) -> bool {
+        self.lock().lost.contains(key)
     }
 
     fn job_failed<'a>(&'a self, key: &'a str, error: &'a CallError) -> BoxFuture<'a, ()> {

@@ -12,6 +12,15 @@
 //! bytes; `/echo` answers the request's body; any other path answers the
 //! body set with [`HttpServer::set`] (404 when none), with an `ETag` (304
 //! to a matching `If-None-Match`).
+//!
+//! `POST /fenced/…` is a write to a service that honours fences, as
+//! docs/design.md describes one: it keeps the largest token it accepted
+//! per pool and key (of the `pulse-fence: <pool>/<key>/<token>` header)
+//! and refuses a write with a smaller one (409), or without the header
+//! (428); [`HttpServer::fenced_writes`] lists the verdicts. After
+//! [`HttpServer::hold_next`], the next request for a path is kept,
+//! unanswered and not yet judged, until [`HttpServer::release`]: a write still on
+//! its way, as a slow network or a proxy's queue would keep it.
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -33,10 +42,33 @@ pub struct Received {
     pub body: Vec<u8>,
 }
 
+/// A write to a `/fenced/` path and what the server made of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FencedWrite {
+    /// The path.
+    pub path: String,
+    /// The `pulse-fence` header, if any.
+    pub fence: Option<String>,
+    /// Its token, if it had one.
+    pub token: Option<u64>,
+    /// The body.
+    pub body: Vec<u8>,
+    /// Whether the write was accepted: its token was at least the largest
+    /// accepted for its pool and key.
+    pub accepted: bool,
+}
+
 #[derive(Debug, Default)]
 struct State {
     bodies: HashMap<String, Vec<u8>>,
     received: Vec<Received>,
+    /// Per path, how many of the next requests wait.
+    hold_next: HashMap<String, usize>,
+    /// Per path, how many times its held requests were released.
+    releases: HashMap<String, u64>,
+    /// `<pool>/<key>` -> the largest token accepted.
+    newest: HashMap<String, u64>,
+    fenced: Vec<FencedWrite>,
 }
 
 /// The server; it stops accepting when dropped (connections in progress
@@ -127,6 +159,22 @@ impl HttpServer {
         lock(&self.state).received.clone()
     }
 
+    /// The next request for `path` waits, received but unanswered and
+    /// unjudged, until [`Self::release`]; later ones pass.
+    pub fn hold_next(&self, path: &str) {
+        *lock(&self.state).hold_next.entry(path.to_owned()).or_default() += 1;
+    }
+
+    /// Lets the requests for `path` held so far through.
+    pub fn release(&self, path: &str) {
+        *lock(&self.state).releases.entry(path.to_owned()).or_default() += 1;
+    }
+
+    /// Every write to a `/fenced/` path judged so far, in the order judged.
+    pub fn fenced_writes(&self) -> Vec<FencedWrite> {
+        lock(&self.state).fenced.clone()
+    }
+
     /// How many requests for `path` it received.
     pub fn count(&self, path: &str) -> usize {
         lock(&self.state).received.iter().filter(|r| r.path == path).count()
@@ -163,8 +211,41 @@ fn serve(mut stream: impl Read + Write, state: &Mutex<State>) {
         return;
     }
     let body = lock(state).bodies.get(&path).cloned();
-    lock(state).received.push(Received { method, path: path.clone(), headers, body: request_body.clone() });
-    let route = path.split('?').next().unwrap_or_default();
+    lock(state).received.push(Received {
+        method: method.clone(),
+        path: path.clone(),
+        headers: headers.clone(),
+        body: request_body.clone(),
+    });
+    let route = path.split('?').next().unwrap_or_default().to_owned();
+    let held = {
+        let mut state = lock(state);
+        match state.hold_next.get_mut(&route) {
+            Some(next) if *next > 0 => {
+                *next -= 1;
+                Some(state.releases.get(&route).copied().unwrap_or(0))
+            }
+            _ => None,
+        }
+    };
+    if let Some(releases) = held {
+        while lock(state).releases.get(&route).copied().unwrap_or(0) == releases {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    let route = route.as_str();
+    let fence = headers.iter().find(|(name, _)| name == "pulse-fence").map(|(_, v)| v.clone());
+    if route.starts_with("/fenced/") && method == "POST" {
+        let (status, body) = judge(state, &path, fence, request_body);
+        let head =
+            format!("HTTP/1.1 {status}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n", body.len());
+        let writer = reader.get_mut();
+        let _ = writer
+            .write_all(head.as_bytes())
+            .and_then(|()| writer.write_all(body.as_bytes()))
+            .and_then(|()| writer.flush());
+        return;
+    }
     if let Some(ms) = route.strip_prefix("/drip/") {
         let writer = reader.get_mut();
         let _ = writer
@@ -202,4 +283,30 @@ fn serve(mut stream: impl Read + Write, state: &Mutex<State>) {
         .write_all(head.as_bytes())
         .and_then(|()| writer.write_all(&body))
         .and_then(|()| writer.flush());
+}
+
+/// Judges a write to a `/fenced/` path as a service honouring fences does:
+/// in one step, compare the write's token with the largest accepted for
+/// its pool and key, and accept (keeping the new largest) or refuse.
+fn judge(state: &Mutex<State>, path: &str, fence: Option<String>, body: Vec<u8>) -> (&'static str, String) {
+    // `<pool>/<key>/<token>`: the key is percent-encoded, so it holds no '/'.
+    let parsed = fence.as_deref().and_then(|fence| {
+        let (job, token) = fence.rsplit_once('/')?;
+        Some((job.to_owned(), token.parse::<u64>().ok()?))
+    });
+    let mut state = lock(state);
+    let (verdict, accepted, token) = match &parsed {
+        None => (("428 Precondition Required", "no pulse-fence header".to_owned()), false, None),
+        Some((job, token)) => {
+            let newest = state.newest.get(job).copied().unwrap_or(0);
+            if *token < newest {
+                (("409 Conflict", format!("stale fence: token {token} < {newest}")), false, Some(*token))
+            } else {
+                state.newest.insert(job.clone(), *token);
+                (("200 OK", format!("applied under token {token}")), true, Some(*token))
+            }
+        }
+    };
+    state.fenced.push(FencedWrite { path: path.to_owned(), fence, token, body, accepted });
+    verdict
 }

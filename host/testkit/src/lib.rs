@@ -38,7 +38,7 @@ pub mod pools;
 pub mod server;
 pub mod topology;
 
-pub use http::HttpServer;
+pub use http::{FencedWrite, HttpServer};
 pub use names::{assert_no_keys, keys_under, unique};
 pub use pools::slot_table;
 pub use server::{RedisServer, connect, shared_redis_url};

@@ -6,8 +6,11 @@
 //!   `interval-ms` from the settings, else 10,000): `https://api.example.com/status 5000`.
 //! - `start` polls at once, then every interval (a repeating timer).
 //! - A poll sends `GET` (with `If-None-Match` when the last answer had an
-//!   `ETag`, and `X-Fetcher-Run`: a random id of this run of the job, new
-//!   at each start, so an endpoint can tell runs apart). An answer whose body hashes differently from the last one
+//!   `ETag`, and `X-Fetcher-Run`: this run's fencing token, read with
+//!   `env.fence`, so an endpoint can tell runs apart). The host adds the
+//!   job's whole fence to every request (`pulse-fence: <pool>/<key>/<token>`),
+//!   so an endpoint that keeps the newest token per job refuses a late
+//!   request of a run that lost the job. An answer whose body hashes differently from the last one
 //!   emitted is emitted (`<status> <body>`); the hash and the `ETag` are
 //!   saved as the job's state, so a job that moves to another host does not
 //!   emit the same body again. A failed request emits `error <reason>`
@@ -79,7 +82,12 @@ impl Endpoint {
             })?,
             None => default,
         };
-        let run = format!("{:016x}", wasi::random::random::get_random_u64());
+        // The fence's token names the run; a host too old to give one
+        // gets a random name.
+        let run = env::fence().map_or_else(
+            || format!("{:016x}", wasi::random::random::get_random_u64()),
+            |fence| fence.token.to_string(),
+        );
         Ok(Self { url: url.to_owned(), interval_ms, run })
     }
 }

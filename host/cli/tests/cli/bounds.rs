@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use pulse_testkit::RedisServer;
-use pulse_testkit::plugins::{ECHO, HOSTILE};
+use pulse_testkit::plugins::{ECHO, HOSTILE, SLOW};
 
 use crate::{Host, cli, cli_all, eventually, wait_for_workers, write_config};
 
@@ -149,4 +149,39 @@ fn a_plugin_looping_in_stop_delays_leaving_by_shutdown_timeout_at_most() {
     let jobs: serde_json::Value = serde_json::from_str(&out).unwrap();
     let states: Vec<&str> = jobs.as_array().unwrap().iter().map(|j| j["state"].as_str().unwrap()).collect();
     assert_eq!(states, ["queued"; 6], "{out}");
+}
+
+/// A call may not outlive the lease it started under. A call still running
+/// when its host's lease may have ended (Redis unreachable: paused here) is
+/// cut off at once, not left to run beside the job's next run until its
+/// `call_timeout`; the notification it served is not lost: the job's next
+/// run gets it again.
+#[test]
+fn a_call_running_when_its_host_s_lease_ends_is_cut_off_and_its_notification_delivered_again() {
+    let server = RedisServer::start();
+    let redis = server.url();
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        &[("slow", SLOW, "[plugin.limits]\ncall_timeout = \"600s\"")],
+        "[node]\nlease_ttl = \"1s\"\n",
+    );
+    let log = dir.path().join("host.log");
+    let host = Host::start_logging(&config, Some(redis), &log);
+    wait_for_workers(&config, Some(redis), "slow", 1);
+    assert_eq!(cli(&config, Some(redis), &["dispatch", "--pool", "slow", "sleeper"]), (0, "started".into()));
+    let notifying = {
+        let (config, redis) = (config.clone(), redis.to_owned());
+        std::thread::spawn(move || {
+            cli(&config, Some(&redis), &["notify", "--pool", "slow", "sleeper", "--payload", "600000"])
+        })
+    };
+    let logged = |text: &str| std::fs::read_to_string(&log).unwrap().matches(text).count();
+    eventually("the call sleeps", || logged("sleeping 600000 ms") == 1);
+    server.pause();
+    eventually("the call is cut off", || logged("cut off: the job may run elsewhere now") >= 1);
+    server.resume();
+    eventually("the job's next run gets the notification again", || logged("sleeping 600000 ms") == 2);
+    drop(host);
+    let _ = notifying.join();
 }

@@ -177,6 +177,101 @@ fn a_host_frozen_beyond_its_lease_sends_no_request_for_the_jobs_it_lost_once_res
     pool.shut_down();
 }
 
+/// A host that froze with a job's write on its way, and whose job then
+/// moved: the write lands after the job's new run wrote, and the service,
+/// which keeps the newest fence per job, refuses it. No check inside the
+/// host can stop that write (it left before the freeze); the token it
+/// carries can. The new run's writes are never refused, and what the
+/// plugin reads with `env.fence` is what its requests carry.
+#[test]
+fn a_write_a_frozen_host_sent_before_its_job_moved_is_refused_by_a_service_that_keeps_the_newest_fence() {
+    let endpoints = HttpServer::start();
+    let server = RedisServer::start();
+    let redis = Some(server.url());
+    let dir = tempfile::tempdir().unwrap();
+    let plugin = format!("allowed_outbound_hosts = [\"http://{}\"]", endpoints.address());
+    let config = write_config(dir.path(), &[("fetcher", FETCHER, &plugin)], "[node]\nlease_ttl = \"1s\"\n");
+    let mut first = Host::start(&config, redis);
+    wait_for_workers(&config, redis, "fetcher", 1);
+    let second = Host::start(&config, redis);
+    wait_for_workers(&config, redis, "fetcher", 2);
+    let listed = cli(&config, redis, &["workers", "--pool", "fetcher", "--json"]).1;
+    let listed: serde_json::Value = serde_json::from_str(&listed).unwrap();
+    let frozen_worker = listed[0]["id"].as_str().unwrap().to_owned();
+    // Jobs that poll once at start (then every hour): one of them runs on
+    // the first host.
+    for i in 0..8 {
+        endpoints.set(&format!("/fenced/w{i}"), b"ok");
+        let payload = format!("{} 3600000", endpoints.url(&format!("/fenced/w{i}")));
+        let (code, out) =
+            cli(&config, redis, &["dispatch", "--pool", "fetcher", &format!("w{i}"), "--payload", &payload]);
+        assert_eq!((code, out.as_str()), (0, "started"), "w{i}");
+    }
+    let key = workers(&config, redis)
+        .into_iter()
+        .find(|(_, worker)| *worker == frozen_worker)
+        .map(|(key, _)| key)
+        .expect("a job on the first host");
+    let path = format!("/fenced/{key}");
+    let notify = |payload: &str| {
+        let (code, out) = cli(&config, redis, &["notify", "--pool", "fetcher", &key, "--payload", payload]);
+        assert_eq!(code, 0, "{out}");
+    };
+    let writes = || endpoints.fenced_writes();
+    let token_of = |body: &[u8]| writes().iter().find(|w| w.body == body).and_then(|w| w.token);
+    notify("one");
+    eventually("the first write is judged", || token_of(b"one").is_some());
+    let old = token_of(b"one").unwrap();
+
+    // The next write leaves the first host and is kept on its way.
+    let arrived = endpoints.count(&path);
+    endpoints.hold_next(&path);
+    let sending = {
+        let (config, redis, key) = (config.clone(), redis.map(str::to_owned), key.clone());
+        std::thread::spawn(move || {
+            cli(&config, redis.as_deref(), &["notify", "--pool", "fetcher", &key, "--payload", "two"])
+        })
+    };
+    eventually("the second write reached the service", || endpoints.count(&path) > arrived);
+    let pid = first.child.id().to_string();
+    std::process::Command::new("kill").args(["-STOP", &pid]).status().unwrap();
+    eventually("the job runs on the other host", || {
+        workers(&config, redis).get(&key).is_some_and(|w| !w.is_empty() && *w != frozen_worker)
+    });
+    notify("three");
+    eventually("the new run's write is judged", || writes().iter().any(|w| w.body == b"three"));
+    endpoints.release(&path);
+    eventually("the held write is judged", || {
+        writes().iter().any(|w| w.body == b"two" && w.token == Some(old))
+    });
+    std::process::Command::new("kill").args(["-CONT", &pid]).status().unwrap();
+    let _ = sending.join();
+    wait_for_workers(&config, redis, "fetcher", 2);
+
+    let new = token_of(b"three").unwrap();
+    let writes = writes();
+    assert!(new > old, "the new run's token {new} is larger than the old run's {old}");
+    let held = writes.iter().find(|w| w.body == b"two" && w.token == Some(old)).expect("the held write");
+    assert!(!held.accepted, "the late write of the run that lost the job is refused: {writes:?}");
+    assert_eq!(held.fence.as_deref(), Some(format!("fetcher/{key}/{old}").as_str()));
+    // The run that owns the job is never refused (a notification its old
+    // run did not finish is delivered to it again, and accepted).
+    let refused: Vec<_> = writes.iter().filter(|w| !w.accepted).collect();
+    assert!(refused.iter().all(|w| w.token == Some(old)), "only the old run is refused: {writes:?}");
+    assert!(writes.iter().filter(|w| w.token == Some(new)).all(|w| w.accepted), "{writes:?}");
+    // What the plugin read with `env.fence` (its `X-Fetcher-Run`) is the
+    // token its requests carry.
+    for request in endpoints.received().iter().filter(|r| r.path == path) {
+        let fence = request.headers.iter().find(|(name, _)| name == "pulse-fence").map(|(_, v)| v.clone());
+        assert_eq!(fence, Some(format!("fetcher/{key}/{}", run_of(request))), "{request:?}");
+    }
+
+    let (code, out) = cli(&config, redis, &["shutdown", "--pool", "fetcher"]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(second.wait("the shutdown of its only pool"), 0);
+    let _ = first.child.kill();
+}
+
 /// `GET /metrics` of a host's API at `address`: the text.
 fn metrics(address: std::net::SocketAddr) -> String {
     use std::io::{Read as _, Write as _};

@@ -276,6 +276,31 @@ impl Check<'_> {
         valid
     }
 
+    /// The header name a plugin's requests carry their job's fence in:
+    /// `pulse-fence` when absent, none when empty.
+    pub(super) fn fence_header(&mut self, value: Option<&Spanned<String>>) -> Option<String> {
+        let Some(value) = value else { return Some(FENCE_HEADER.to_owned()) };
+        let name = value.get_ref();
+        if name.is_empty() {
+            return None;
+        }
+        let valid = name.len() <= 100
+            && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            && !RESERVED_HEADERS.contains(&name.to_ascii_lowercase().as_str());
+        if !valid {
+            self.problem(
+                value,
+                format!(
+                    "outbound_fence_header {name:?}: allowed are 1 to 100 ASCII letters, digits or '-', \
+                     not a header HTTP itself uses ({}), or \"\" for no fence header",
+                    RESERVED_HEADERS.join(", ")
+                ),
+            );
+            return Some(FENCE_HEADER.to_owned());
+        }
+        Some(name.to_ascii_lowercase())
+    }
+
     /// A size within `range`, or `default` when absent (or wrong: then a
     /// problem says what is allowed).
     pub(super) fn size(
@@ -289,6 +314,23 @@ impl Check<'_> {
         self.ranged(key, value, default, &range, &unit)
     }
 }
+
+/// The default of `outbound_fence_header`.
+const FENCE_HEADER: &str = "pulse-fence";
+
+/// Headers a fence may not be carried in: HTTP's own.
+const RESERVED_HEADERS: &[&str] = &[
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "upgrade",
+    "te",
+    "trailer",
+    "keep-alive",
+    "proxy-connection",
+    "expect",
+];
 
 /// How values of one kind are written: for [`Check::ranged`].
 pub(super) struct Unit<T> {

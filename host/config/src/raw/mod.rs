@@ -134,6 +134,7 @@ struct Plugin {
     #[serde(default)]
     allowed_outbound_hosts: Vec<String>,
     outbound_ca_file: Option<Spanned<String>>,
+    outbound_fence_header: Option<Spanned<String>>,
     #[serde(default)]
     limits: PluginLimits,
     #[serde(default)]
@@ -329,6 +330,7 @@ impl File {
                     .outbound_ca_file
                     .as_ref()
                     .map(|file| check.file("outbound_ca_file", base, file)),
+                outbound_fence_header: check.fence_header(plugin.outbound_fence_header.as_ref()),
                 limits,
                 settings: check.settings(base, plugin.settings),
             });

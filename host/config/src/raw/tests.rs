@@ -125,6 +125,27 @@ fn a_plugin_names_its_version_and_how_it_is_upgraded() {
 }
 
 #[test]
+fn a_plugin_s_requests_carry_the_fence_in_the_header_it_names_or_none() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("p.wasm"), b"").unwrap();
+    let path = dir.path().join("config.toml");
+    let header = |extra: &str| {
+        let text = format!("[[plugin]]\nname = \"p\"\npath = \"p.wasm\"\n{extra}");
+        parse(&path, &text).map(|config| config.plugins[0].outbound_fence_header.clone())
+    };
+    assert_eq!(header("").unwrap().as_deref(), Some("pulse-fence"));
+    assert_eq!(header("outbound_fence_header = \"X-Fence\"\n").unwrap().as_deref(), Some("x-fence"));
+    assert_eq!(header("outbound_fence_header = \"\"\n").unwrap(), None);
+    for bad in ["a b", "host", "Content-Length", "fence:"] {
+        let error = header(&format!("outbound_fence_header = \"{bad}\"\n")).unwrap_err();
+        let message = error.to_string();
+        assert_eq!(error.problems[0].line, Some(4), "{message}");
+        assert!(message.contains(&format!("outbound_fence_header {bad:?}: allowed are")), "{message}");
+        assert!(message.contains("\"\" for no fence header"), "{message}");
+    }
+}
+
+#[test]
 fn schedules_are_checked_like_plugins() {
     let text = "[[schedule]]\nname = \"keep\"\npath = \"missing.wasm\"\npool = \"a b\"\ninterval = \"5ms\"\n\n\
                 [[schedule]]\nname = \"x\"\npath = \"m.wasm\"\npool = \"p\"\ninterval = \"1s\"\nwhen = 3\n";

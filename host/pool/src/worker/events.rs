@@ -67,6 +67,17 @@ impl<H: JobHandler> Worker<H> {
     pub(super) async fn complete(&mut self, done: Done) {
         let Done { key, entry, finished } = done;
         let mut next = self.calls.release(&key);
+        if !self.may_call() && self.lost {
+            // The lease may have ended while the call ran: the job may run
+            // elsewhere now (the runtime cuts such a call off), so what the
+            // call returned is not this worker's to write. Its entry and
+            // those that waited behind it stay in the inbox for the job's
+            // next owner; a job the call started is dropped here.
+            if let Finished::Start { job, result: Ok(()), .. } = finished {
+                self.handler.abandon(&job.key).await;
+            }
+            return;
+        }
         let first = self.apply(finished).await;
         // The call was made: its entry is processed.
         self.processed.extend(entry);

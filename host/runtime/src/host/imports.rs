@@ -44,6 +44,20 @@ impl env::Host for HostState {
     async fn config(&mut self, name: String) -> wasmtime::Result<Option<String>> {
         Ok(self.settings.get(&name).cloned())
     }
+
+    async fn fence(&mut self) -> wasmtime::Result<Option<types::JobFence>> {
+        // The job of the call running: the one its outgoing requests are
+        // fenced by. A producer's store runs no job.
+        let key = self.http_hooks.current();
+        if !self.jobs.contains_key(key) {
+            return Ok(None);
+        }
+        Ok(self.outputs.fence(key).map(|fence| types::JobFence {
+            pool: fence.pool,
+            key: fence.key,
+            token: fence.token,
+        }))
+    }
 }
 
 impl Host for HostState {

@@ -32,7 +32,7 @@ pub(crate) struct HostState {
     table: ResourceTable,
     pub(crate) limiter: Limiter,
     settings: Arc<BTreeMap<String, String>>,
-    outputs: Arc<dyn JobOutputs>,
+    pub(crate) outputs: Arc<dyn JobOutputs>,
     /// The jobs this instance runs, with what a restart needs.
     pub(crate) jobs: HashMap<String, JobSlot>,
     /// Keys that completed during the current call; the instance reports

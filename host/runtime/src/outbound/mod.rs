@@ -8,7 +8,9 @@
 //! request elsewhere. Redirects are answers like any other: nothing follows
 //! them. A request is sent only while the job that makes it may run (its
 //! worker's fence is up and it still owns the job); one in flight when that
-//! ends is cancelled. Denials answer the guest `HTTP-request-denied` (an
+//! ends is cancelled. Each request of a job carries the job's fence in a
+//! header (`pulse-fence: <pool>/<key>/<token>` by default), so the service
+//! it reaches can refuse a late write of a run that lost the job. Denials answer the guest `HTTP-request-denied` (an
 //! error, not a trap), and are logged and counted.
 //!
 //! # Layout
@@ -61,7 +63,16 @@ pub struct Outbound {
     pub max_requests: u32,
     /// The certificate authorities HTTPS requests trust.
     pub tls: OutboundTls,
+    /// The header every request of a job carries its fence in
+    /// (`<pool>/<key>/<token>`, see [`crate::Fence::header_value`]); a
+    /// value the guest set under that name is replaced. `None`: requests
+    /// carry no fence.
+    pub fence_header: Option<http::HeaderName>,
 }
+
+/// The header a job's requests carry its fence in, unless its plugin
+/// names another or none.
+pub const FENCE_HEADER: &str = "pulse-fence";
 
 impl Default for Outbound {
     fn default() -> Self {
@@ -76,11 +87,22 @@ impl Default for Outbound {
             max_response_bytes: 4 << 20,
             max_requests: 8,
             tls: OutboundTls::default(),
+            fence_header: Some(http::HeaderName::from_static(FENCE_HEADER)),
         }
     }
 }
 
 impl Outbound {
+    /// These rules with requests carrying their job's fence in header
+    /// `name`, or in none.
+    ///
+    /// # Errors
+    /// `name` is not a valid header name.
+    pub fn fenced_by(self, name: Option<&str>) -> Result<Self, http::header::InvalidHeaderName> {
+        let fence_header = name.map(http::HeaderName::try_from).transpose()?;
+        Ok(Self { fence_header, ..self })
+    }
+
     /// Whether any entry allows the destination.
     pub fn allows(&self, https: bool, host: &str, port: u16) -> bool {
         self.allowed.iter().any(|entry| entry.allows(https, host, port))
@@ -124,6 +146,11 @@ impl OutboundHooks {
     pub(crate) fn enter(&mut self, key: &str) {
         key.clone_into(&mut self.current);
     }
+
+    /// The job whose call runs (or ran last).
+    pub(crate) fn current(&self) -> &str {
+        &self.current
+    }
 }
 
 type Answer = Result<(http::Response<WasiBody>, Sent), HttpError>;
@@ -131,7 +158,7 @@ type Answer = Result<(http::Response<WasiBody>, Sent), HttpError>;
 impl WasiHttpHooks for OutboundHooks {
     fn send_request(
         &mut self,
-        request: http::Request<WasiBody>,
+        mut request: http::Request<WasiBody>,
         options: Option<RequestOptions>,
         fut: Sent,
     ) -> Box<dyn Future<Output = Answer> + Send> {
@@ -157,6 +184,19 @@ impl WasiHttpHooks for OutboundHooks {
         }
         if self.in_flight.load(Ordering::Relaxed) >= self.rules.max_requests {
             return denied("the instance has limits.http_requests requests in flight");
+        }
+        if fenced && let Some(name) = &self.rules.fence_header {
+            // Replaces whatever the guest set under the name: a job cannot
+            // send another run's fence.
+            let fence = self.outputs.fence(&key).map(|fence| fence.header_value());
+            match fence.map(http::HeaderValue::try_from) {
+                Some(Ok(value)) => {
+                    request.headers_mut().insert(name.clone(), value);
+                }
+                _ => {
+                    request.headers_mut().remove(name);
+                }
+            }
         }
         let rules = self.rules.clone();
         // The fence of a request in flight, from sending until its body is

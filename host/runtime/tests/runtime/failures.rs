@@ -175,3 +175,31 @@ async fn a_call_whose_caller_stopped_waiting_is_cut_off_at_once() {
     assert!(runner.is_running("other"));
     assert!(!runner.is_running("looping"));
 }
+
+/// A call may not outlive the lease it started under: once its job is
+/// lost (its worker's lease may have ended), a call still running for it
+/// is cut off at once, not at `call_timeout`; the other job of its
+/// instance, lost too, is not started again.
+#[tokio::test]
+async fn a_call_running_when_its_job_is_lost_is_cut_off_at_once() {
+    let (logs, _guard) = pulse_testkit::logs::capture();
+    let runtime = runtime();
+    let mut patient = options(Isolation::Worker, &[]);
+    patient.limits.call_timeout = Duration::from_secs(600);
+    let plugin = load(&runtime, SLOW, patient);
+    let (runner, recorder) = runner(&plugin);
+    runner.start(Job::new("busy", "")).await.unwrap();
+    runner.start(Job::new("beside", "")).await.unwrap();
+    let mut call = Box::pin(runner.notify("busy", b"600000".to_vec()));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while logs.containing("sleeping 600000 ms").is_empty() {
+        assert!(tokio::time::Instant::now() < deadline, "the call never ran");
+        assert!(tokio::time::timeout(Duration::from_millis(10), &mut call).await.is_err(), "it sleeps");
+    }
+    recorder.lose("busy");
+    recorder.lose("beside");
+    let answer = tokio::time::timeout(Duration::from_secs(30), call).await;
+    assert_eq!(answer.expect("cut off long before call_timeout"), Err(CallError::Lost("busy".into())));
+    assert!(!runner.is_running("busy"));
+    assert!(!runner.is_running("beside"), "the lost neighbour is not started again");
+}

@@ -6,7 +6,8 @@
 use std::time::{Duration, Instant};
 
 use pulse_runtime::{
-    AllowedHost, CallError, Isolation, Job, Outbound, OutboundTls, Plugin, PluginOptions, Recorder, Runtime,
+    AllowedHost, CallError, Fence, Isolation, Job, Outbound, OutboundTls, Plugin, PluginOptions, Recorder,
+    Runtime,
 };
 use pulse_testkit::HttpServer;
 use pulse_testkit::plugins::FETCHER;
@@ -95,6 +96,46 @@ async fn a_post_carries_its_body_and_headers_and_its_answer_comes_back() {
     assert_eq!(header("x-fetcher-run").map(|run| run.len()), Some(16), "{posted:?}");
     let answer = recorder.emitted("push").last().cloned().unwrap_or_default();
     assert!(answer == [b"200 ".as_slice(), &body].concat(), "the answer: {} bytes", answer.len());
+}
+
+/// Each request's value of header `name`.
+fn header_of(server: &HttpServer, path: &str, name: &str) -> Vec<Option<String>> {
+    server
+        .received()
+        .iter()
+        .filter(|r| r.path == path)
+        .map(|r| r.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone()))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_job_s_requests_carry_its_fence_and_the_plugin_reads_the_same_with_env_fence() {
+    let server = HttpServer::start();
+    server.set("/write", b"");
+    let (_runtime, plugin) = fetcher(&server, Outbound::default());
+    let (runner, recorder) = runner(&plugin);
+    let key = "a b/ü";
+    let token = 1_796_000_000_000_042;
+    recorder.set_fence(Fence { pool: "accounts".into(), key: key.into(), token });
+    runner.start(job(key, &server.url("/write"))).await.unwrap();
+    runner.notify(key, b"debit 10".to_vec()).await.unwrap();
+    // The GET of the start and the POST of the notification.
+    let fence = Some(format!("accounts/a%20b%2F%C3%BC/{token}"));
+    assert_eq!(header_of(&server, "/write", "pulse-fence"), [fence.clone(), fence]);
+    // `X-Fetcher-Run` is what the plugin read with `env.fence`.
+    assert_eq!(
+        header_of(&server, "/write", "x-fetcher-run"),
+        [Some(token.to_string()), Some(token.to_string())]
+    );
+
+    // A plugin whose requests carry no fence header still reads its fence.
+    server.set("/quiet", b"");
+    let (_runtime, plugin) = fetcher(&server, Outbound { fence_header: None, ..Outbound::default() });
+    let (quiet, recorder) = crate::runner(&plugin);
+    recorder.set_fence(Fence { pool: "accounts".into(), key: "quiet".into(), token: 7 });
+    quiet.start(job("quiet", &server.url("/quiet"))).await.unwrap();
+    assert_eq!(header_of(&server, "/quiet", "pulse-fence"), [None]);
+    assert_eq!(header_of(&server, "/quiet", "x-fetcher-run"), [Some("7".to_owned())]);
 }
 
 #[tokio::test]
