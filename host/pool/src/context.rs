@@ -100,8 +100,17 @@ impl JobContext {
     /// the pool's data (then [`Self::is_live`] is false, but the job stays
     /// here). Cut off anything of the job's still running when this turns
     /// true: the worker writes nothing of what it returns.
+    ///
+    /// Once true it stays true: the worker fences itself, as it would at
+    /// its own next check, so a renewal that lands just after cannot leave
+    /// it serving a job whose call was cut off; it drops its jobs and
+    /// joins again, and they start again from the pool's state.
     pub fn is_lost(&self) -> bool {
-        !self.is_live() && !self.core.lease.data_loss_pending(&self.fence)
+        let lost = !self.is_live() && !self.core.lease.data_loss_pending(&self.fence);
+        if lost {
+            self.fence.fence();
+        }
+        lost
     }
 
     /// Stores the job's state; the next start of the job receives it.

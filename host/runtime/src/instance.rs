@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tracing::Instrument;
@@ -214,31 +215,40 @@ impl Instance {
         // Dropping the call future at the timeout, or once its job is lost,
         // abandons the guest mid-call; the instance is then poisoned and
         // dropped (see `poisons_instance`).
-        let lost = lost(outputs, call.key());
-        let timed = tokio::time::timeout(limits.call_timeout, outcome.instrument(span));
-        let result = tokio::select! {
-            // A call that returned is answered as it returned.
-            biased;
-            timed = timed => match timed {
-                Err(_elapsed) => Err(CallError::Timeout(limits.call_timeout)),
-                Ok(Err(trap)) => Err(classify(trap, &limits)),
-                Ok(Ok(Err(guest))) => Err(CallError::Guest(from_wit(guest))),
-                Ok(Ok(Ok(()))) => Ok(()),
-            },
-            () = lost => Err(CallError::Lost(call.key().to_owned())),
+        let result = match bounded(outcome.instrument(span), limits.call_timeout, &*outputs, call.key()).await
+        {
+            Err(cut) => Err(cut),
+            Ok(Err(trap)) => Err(classify(trap, &limits)),
+            Ok(Ok(Err(guest))) => Err(CallError::Guest(from_wit(guest))),
+            Ok(Ok(Ok(()))) => Ok(()),
         };
         self.metrics.call(call.name(), &result);
         result
     }
 }
 
-/// Resolves once job `key` is lost (checked every [`LOSS_CHECK`]); never
-/// for a host that does not say.
-async fn lost(outputs: Arc<dyn JobOutputs>, key: &str) {
+/// `call`'s outcome, unless it runs past `timeout` or job `key` is lost
+/// first (asked every [`LOSS_CHECK`]): then the call is dropped. One timer
+/// at a time serves both, so a short call costs what a timeout alone
+/// does.
+async fn bounded<F: Future>(
+    call: F,
+    timeout: Duration,
+    outputs: &dyn JobOutputs,
+    key: &str,
+) -> Result<F::Output, CallError> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut call = std::pin::pin!(call);
     loop {
-        tokio::time::sleep(LOSS_CHECK).await;
+        let check = (tokio::time::Instant::now() + LOSS_CHECK).min(deadline);
+        if let Ok(outcome) = tokio::time::timeout_at(check, &mut call).await {
+            return Ok(outcome);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(CallError::Timeout(timeout));
+        }
         if outputs.lost(key) {
-            return;
+            return Err(CallError::Lost(key.to_owned()));
         }
     }
 }

@@ -177,11 +177,19 @@ fn a_call_running_when_its_host_s_lease_ends_is_cut_off_and_its_notification_del
         })
     };
     let logged = |text: &str| std::fs::read_to_string(&log).unwrap().matches(text).count();
-    eventually("the call sleeps", || logged("sleeping 600000 ms") == 1);
+    let wait = |what: &str, done: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + crate::PATIENCE;
+        while !done() {
+            let text = std::fs::read_to_string(&log).unwrap();
+            assert!(Instant::now() < deadline, "timed out waiting until {what}; the host's log:\n{text}");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    };
+    wait("the call sleeps", &|| logged("sleeping 600000 ms") == 1);
     server.pause();
-    eventually("the call is cut off", || logged("cut off: the job may run elsewhere now") >= 1);
+    wait("the call is cut off", &|| logged("cut off: the job may run elsewhere now") >= 1);
     server.resume();
-    eventually("the job's next run gets the notification again", || logged("sleeping 600000 ms") == 2);
+    wait("the job's next run gets the notification again", &|| logged("sleeping 600000 ms") >= 2);
     drop(host);
     let _ = notifying.join();
 }
