@@ -304,3 +304,18 @@ fn a_host_reaches_redis_over_tls_as_an_acl_user_without_printing_the_password() 
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(!text.contains(password), "{text}");
 }
+
+#[test]
+fn a_rediss_url_naming_a_server_without_tls_says_the_handshake_failed() {
+    let plain = pulse_testkit::RedisServer::start_tcp_with(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &[("echo", ECHO, "")], "");
+    let url = format!("rediss://127.0.0.1:{}/", plain.port());
+    let (code, stdout, stderr) = cli_all(&config, &url, &["jobs", "--pool", "echo"]);
+    assert_eq!(code, 1, "{stdout}{stderr}");
+    assert!(stderr.contains("the TLS handshake with Redis at"), "{stderr}");
+    assert!(
+        stderr.contains("does the server speak TLS? (a plain server is named with redis://)"),
+        "{stderr}"
+    );
+}
