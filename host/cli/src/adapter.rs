@@ -83,6 +83,10 @@ impl JobHandler for WasmHandler {
         self.contexts.lock().remove(key);
         self.runner.abandon(key).await;
     }
+
+    async fn saved_state(&self, key: &str) -> Option<Vec<u8>> {
+        self.runner.saved_state(key).await
+    }
 }
 
 /// What a plugin's outcome means for the pool: its own errors keep their

@@ -62,6 +62,16 @@ pub trait JobHandler: Send + Sync + 'static {
         let _ = key;
         std::future::ready(())
     }
+
+    /// The state job `key` saved last through its context, if the handler
+    /// keeps it. Asked when Redis lost the pool's data: the worker writes
+    /// it back with the job, so the job's next start (here or on another
+    /// worker) resumes from it rather than from nothing. The default keeps
+    /// none.
+    fn saved_state(&self, key: &str) -> impl Future<Output = Option<Vec<u8>>> + Send {
+        let _ = key;
+        std::future::ready(None)
+    }
 }
 
 /// One handler shared: a worker of a pool of several slot groups is a
@@ -90,6 +100,10 @@ impl<H: JobHandler> JobHandler for std::sync::Arc<H> {
 
     fn abandon(&self, key: &str) -> impl Future<Output = ()> + Send {
         H::abandon(self, key)
+    }
+
+    fn saved_state(&self, key: &str) -> impl Future<Output = Option<Vec<u8>>> + Send {
+        H::saved_state(self, key)
     }
 }
 

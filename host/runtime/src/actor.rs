@@ -56,6 +56,11 @@ pub(crate) enum Command {
     Abandon {
         key: String,
     },
+    /// Tell the state the job saved last.
+    SavedState {
+        key: String,
+        reply: oneshot::Sender<Option<Vec<u8>>>,
+    },
 }
 
 /// Told when a job ends inside the instance, not as the answer to a call:
@@ -112,6 +117,10 @@ impl Actor {
                     if let Some(live) = self.live.as_mut() {
                         live.drop_job(&key);
                     }
+                }
+                Command::SavedState { key, reply } => {
+                    let state = self.live.as_mut().and_then(|live| live.jobs().get(&key)?.job.state.clone());
+                    let _ = reply.send(state);
                 }
             }
             self.report_completed();

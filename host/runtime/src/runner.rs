@@ -149,6 +149,20 @@ impl JobRunner {
         self.inner.forget(key, route.instance);
     }
 
+    /// The state job `key` saved last (`host.save-state`), as its instance
+    /// keeps it to start the job again after a neighbour's trap; `None`
+    /// when it saved none or does not run here. What a host writes back
+    /// with the job when Redis lost the pool's data.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only asks.
+    pub async fn saved_state(&self, key: &str) -> Option<Vec<u8>> {
+        let route = self.inner.route(key).ok()?;
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        route.commands.send(Command::SavedState { key: key.to_owned(), reply }).await.ok()?;
+        answer.await.ok().flatten()
+    }
+
     /// Whether job `key` runs here.
     pub fn is_running(&self, key: &str) -> bool {
         self.inner.lock().by_key.contains_key(key)

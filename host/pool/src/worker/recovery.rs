@@ -192,6 +192,11 @@ impl<H: JobHandler> Worker<H> {
         self.retry_at.clear();
         let running: Vec<String> = self.running.keys().cloned().collect();
         for key in running {
+            if !self.running.contains_key(&key) {
+                continue;
+            }
+            // Redis lost the state the job saved; the handler may keep it.
+            let state = self.handler.saved_state(&key).await;
             let Some(run) = self.running.get(&key) else { continue };
             let mut conn = self.core.conn.clone();
             let written: redis::RedisResult<i64> = scripts::REASSERT
@@ -206,6 +211,8 @@ impl<H: JobHandler> Worker<H> {
                 .arg(&run.job.payload)
                 .arg(run.job.created_at_ms)
                 .arg(run.job.attempt)
+                .arg(state.as_deref().unwrap_or_default())
+                .arg(if state.is_some() { "1" } else { "0" })
                 .invoke_async(&mut conn)
                 .await;
             match written {

@@ -227,6 +227,85 @@ async fn a_job_s_token_only_grows_across_redis_losing_its_data_and_a_shutdown() 
     node.shutdown(PATIENCE).await.unwrap();
 }
 
+/// Each start's job key and the state it received.
+type Starts = Vec<(String, Option<Vec<u8>>)>;
+
+/// A handler that keeps what its jobs saved, as the runtime does, and
+/// notes the state each start received.
+#[derive(Clone, Default)]
+struct Stateful {
+    saved: Arc<std::sync::Mutex<std::collections::HashMap<String, Vec<u8>>>>,
+    contexts: Arc<std::sync::Mutex<Vec<pulse_pool::JobContext>>>,
+    starts: Arc<std::sync::Mutex<Starts>>,
+}
+
+impl Stateful {
+    async fn save(&self, key: &str, state: &[u8]) {
+        let ctx = self.contexts.lock().unwrap().iter().find(|ctx| ctx.key() == key).cloned().unwrap();
+        ctx.save_state(state).await.unwrap();
+        self.saved.lock().unwrap().insert(key.to_owned(), state.to_vec());
+    }
+
+    fn starts_of(&self, key: &str) -> Vec<Option<Vec<u8>>> {
+        self.starts.lock().unwrap().iter().filter(|(k, _)| k == key).map(|(_, s)| s.clone()).collect()
+    }
+}
+
+impl pulse_pool::JobHandler for Stateful {
+    async fn start(
+        &self,
+        job: pulse_pool::Job,
+        ctx: pulse_pool::JobContext,
+    ) -> Result<(), pulse_pool::HandlerError> {
+        self.starts.lock().unwrap().push((job.key.clone(), job.state.clone()));
+        self.contexts.lock().unwrap().push(ctx);
+        Ok(())
+    }
+
+    async fn stop(&self, _key: &str) -> Result<(), pulse_pool::HandlerError> {
+        Ok(())
+    }
+
+    async fn notify(&self, _key: &str, _payload: Vec<u8>, _seq: u64) -> Result<(), pulse_pool::HandlerError> {
+        Ok(())
+    }
+
+    async fn saved_state(&self, key: &str) -> Option<Vec<u8>> {
+        self.saved.lock().unwrap().get(key).cloned()
+    }
+}
+
+/// Redis restarted empty lost the state a running job saved; its worker
+/// writes it back with the job, so when the job moves its next start
+/// resumes from it, not from nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_redis_restarted_empty_a_job_that_moves_resumes_from_the_state_it_saved() {
+    let mut server = RedisServer::start();
+    let client = pulse_redis::Redis::open(server.url()).unwrap();
+    let first = Stateful::default();
+    let leaving = Node::join(&client, "state-back", options()).await.unwrap();
+    leaving.add_worker(first.clone()).await.unwrap();
+    assert_eq!(leaving.dispatch("counter", b"").await.unwrap(), DispatchOutcome::Started);
+    first.save("counter", b"count 41").await;
+    server.restart();
+    // Written back by its worker: listed running again.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while leaving.status("counter").await.ok().flatten().map(|job| job.state) != Some(JobState::Running) {
+        assert!(tokio::time::Instant::now() < deadline, "the job was not written back");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let second = Stateful::default();
+    let staying = Node::join(&client, "state-back", options()).await.unwrap();
+    staying.add_worker(second.clone()).await.unwrap();
+    leaving.close().await;
+    while second.starts_of("counter").is_empty() {
+        assert!(tokio::time::Instant::now() < deadline, "the job did not move");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(second.starts_of("counter"), [Some(b"count 41".to_vec())]);
+    staying.close().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_emitted_across_a_redis_restart_with_its_data_are_all_written_in_order() {
     let mut server = RedisServer::start_persistent();

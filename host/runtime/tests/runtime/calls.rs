@@ -123,3 +123,21 @@ async fn an_instance_sees_nothing_an_earlier_instance_left_in_its_memory() {
     }
     runner.close().await;
 }
+
+/// The state a job saved last is what its runner tells (what a host
+/// writes back when Redis lost it): the one it started with, then each
+/// save; none for a job that does not run here.
+#[tokio::test]
+async fn a_runner_tells_the_state_each_job_saved_last() {
+    let runtime = runtime();
+    let plugin = load(&runtime, COUNTER, options(Isolation::Worker, &[("interval-ms", "3600000")]));
+    let (runner, recorder) = runner(&plugin);
+    runner.start(Job { state: Some(b"7".to_vec()), ..Job::new("resumed", "") }).await.unwrap();
+    runner.start(Job::new("fresh", "")).await.unwrap();
+    assert_eq!(runner.saved_state("resumed").await, Some(b"7".to_vec()));
+    assert_eq!(runner.saved_state("fresh").await, None);
+    runner.notify("resumed", b"reset".to_vec()).await.unwrap();
+    assert_eq!(recorder.saved_state("resumed"), Some(b"0".to_vec()));
+    assert_eq!(runner.saved_state("resumed").await, Some(b"0".to_vec()));
+    assert_eq!(runner.saved_state("elsewhere").await, None);
+}
