@@ -127,19 +127,51 @@ async fn a_redis_restarted_empty_is_detected_and_the_running_jobs_are_written_ba
     node.close().await;
 }
 
-/// A handler that keeps each job's context, for the test to emit with, as
-/// a plugin's timer does (outside any call).
-#[derive(Clone, Default)]
-struct Keeper {
-    contexts: Arc<std::sync::Mutex<Vec<pulse_pool::JobContext>>>,
+/// A job's start, as its handler got it.
+#[derive(Clone)]
+struct Start {
+    key: String,
+    token: u64,
+    state: Option<Vec<u8>>,
 }
 
-impl pulse_pool::JobHandler for Keeper {
+/// A handler that keeps each job's context (for the test to write with,
+/// as a plugin's timer does, outside any call), notes each start, and
+/// keeps what its jobs saved, as the runtime does.
+#[derive(Clone, Default)]
+struct Kept {
+    contexts: Arc<std::sync::Mutex<Vec<pulse_pool::JobContext>>>,
+    starts: Arc<std::sync::Mutex<Vec<Start>>>,
+    saved: Arc<std::sync::Mutex<std::collections::HashMap<String, Vec<u8>>>>,
+}
+
+impl Kept {
+    fn context(&self, key: &str) -> pulse_pool::JobContext {
+        self.contexts.lock().unwrap().iter().rev().find(|ctx| ctx.key() == key).cloned().unwrap()
+    }
+
+    fn starts_of(&self, key: &str) -> Vec<Start> {
+        self.starts.lock().unwrap().iter().filter(|start| start.key == key).cloned().collect()
+    }
+
+    fn tokens_of(&self, key: &str) -> Vec<u64> {
+        self.starts_of(key).iter().map(|start| start.token).collect()
+    }
+
+    async fn save(&self, key: &str, state: &[u8]) {
+        self.context(key).save_state(state).await.unwrap();
+        self.saved.lock().unwrap().insert(key.to_owned(), state.to_vec());
+    }
+}
+
+impl pulse_pool::JobHandler for Kept {
     async fn start(
         &self,
-        _job: pulse_pool::Job,
+        job: pulse_pool::Job,
         ctx: pulse_pool::JobContext,
     ) -> Result<(), pulse_pool::HandlerError> {
+        let token = ctx.token().parse().unwrap();
+        self.starts.lock().unwrap().push(Start { key: job.key, token, state: job.state });
         self.contexts.lock().unwrap().push(ctx);
         Ok(())
     }
@@ -151,34 +183,9 @@ impl pulse_pool::JobHandler for Keeper {
     async fn notify(&self, _key: &str, _payload: Vec<u8>, _seq: u64) -> Result<(), pulse_pool::HandlerError> {
         Ok(())
     }
-}
 
-/// The token of each run of a job, as its handler got it.
-#[derive(Clone, Default)]
-struct Tokens(Arc<std::sync::Mutex<Vec<(String, u64)>>>);
-
-impl Tokens {
-    fn of(&self, key: &str) -> Vec<u64> {
-        self.0.lock().unwrap().iter().filter(|(k, _)| k == key).map(|(_, token)| *token).collect()
-    }
-}
-
-impl pulse_pool::JobHandler for Tokens {
-    async fn start(
-        &self,
-        job: pulse_pool::Job,
-        ctx: pulse_pool::JobContext,
-    ) -> Result<(), pulse_pool::HandlerError> {
-        self.0.lock().unwrap().push((job.key, ctx.token().parse().unwrap()));
-        Ok(())
-    }
-
-    async fn stop(&self, _key: &str) -> Result<(), pulse_pool::HandlerError> {
-        Ok(())
-    }
-
-    async fn notify(&self, _key: &str, _payload: Vec<u8>, _seq: u64) -> Result<(), pulse_pool::HandlerError> {
-        Ok(())
+    async fn saved_state(&self, key: &str) -> Option<Vec<u8>> {
+        self.saved.lock().unwrap().get(key).cloned()
     }
 }
 
@@ -189,7 +196,7 @@ impl pulse_pool::JobHandler for Tokens {
 async fn a_job_s_token_only_grows_across_redis_losing_its_data_and_a_shutdown() {
     let mut server = RedisServer::start();
     let client = pulse_redis::Redis::open(server.url()).unwrap();
-    let tokens = Tokens::default();
+    let tokens = Kept::default();
     let node = Node::join(&client, "tokens", options()).await.unwrap();
     node.add_worker(tokens.clone()).await.unwrap();
     for key in ["kept", "again"] {
@@ -210,69 +217,21 @@ async fn a_job_s_token_only_grows_across_redis_losing_its_data_and_a_shutdown() 
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    while tokens.of("again").len() < 2 {
+    while tokens.tokens_of("again").len() < 2 {
         assert!(tokio::time::Instant::now() < deadline, "again did not start after the loss");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let runs = tokens.of("again");
+    let runs = tokens.tokens_of("again");
     assert!(runs[1] > runs[0], "after Redis lost its data: {runs:?}");
     node.shutdown(PATIENCE).await.unwrap();
 
     let node = Node::join(&client, "tokens", options()).await.unwrap();
     node.add_worker(tokens.clone()).await.unwrap();
     assert_eq!(node.dispatch("again", b"").await.unwrap(), DispatchOutcome::Started);
-    let runs = tokens.of("again");
+    let runs = tokens.tokens_of("again");
     assert!(runs[2] > runs[1], "after a shutdown: {runs:?}");
-    assert_eq!(tokens.of("kept").len(), 1, "kept was written back, not started again");
+    assert_eq!(tokens.tokens_of("kept").len(), 1, "kept was written back, not started again");
     node.shutdown(PATIENCE).await.unwrap();
-}
-
-/// Each start's job key and the state it received.
-type Starts = Vec<(String, Option<Vec<u8>>)>;
-
-/// A handler that keeps what its jobs saved, as the runtime does, and
-/// notes the state each start received.
-#[derive(Clone, Default)]
-struct Stateful {
-    saved: Arc<std::sync::Mutex<std::collections::HashMap<String, Vec<u8>>>>,
-    contexts: Arc<std::sync::Mutex<Vec<pulse_pool::JobContext>>>,
-    starts: Arc<std::sync::Mutex<Starts>>,
-}
-
-impl Stateful {
-    async fn save(&self, key: &str, state: &[u8]) {
-        let ctx = self.contexts.lock().unwrap().iter().find(|ctx| ctx.key() == key).cloned().unwrap();
-        ctx.save_state(state).await.unwrap();
-        self.saved.lock().unwrap().insert(key.to_owned(), state.to_vec());
-    }
-
-    fn starts_of(&self, key: &str) -> Vec<Option<Vec<u8>>> {
-        self.starts.lock().unwrap().iter().filter(|(k, _)| k == key).map(|(_, s)| s.clone()).collect()
-    }
-}
-
-impl pulse_pool::JobHandler for Stateful {
-    async fn start(
-        &self,
-        job: pulse_pool::Job,
-        ctx: pulse_pool::JobContext,
-    ) -> Result<(), pulse_pool::HandlerError> {
-        self.starts.lock().unwrap().push((job.key.clone(), job.state.clone()));
-        self.contexts.lock().unwrap().push(ctx);
-        Ok(())
-    }
-
-    async fn stop(&self, _key: &str) -> Result<(), pulse_pool::HandlerError> {
-        Ok(())
-    }
-
-    async fn notify(&self, _key: &str, _payload: Vec<u8>, _seq: u64) -> Result<(), pulse_pool::HandlerError> {
-        Ok(())
-    }
-
-    async fn saved_state(&self, key: &str) -> Option<Vec<u8>> {
-        self.saved.lock().unwrap().get(key).cloned()
-    }
 }
 
 /// Redis restarted empty lost the state a running job saved; its worker
@@ -282,7 +241,7 @@ impl pulse_pool::JobHandler for Stateful {
 async fn after_redis_restarted_empty_a_job_that_moves_resumes_from_the_state_it_saved() {
     let mut server = RedisServer::start();
     let client = pulse_redis::Redis::open(server.url()).unwrap();
-    let first = Stateful::default();
+    let first = Kept::default();
     let leaving = Node::join(&client, "state-back", options()).await.unwrap();
     leaving.add_worker(first.clone()).await.unwrap();
     assert_eq!(leaving.dispatch("counter", b"").await.unwrap(), DispatchOutcome::Started);
@@ -294,7 +253,7 @@ async fn after_redis_restarted_empty_a_job_that_moves_resumes_from_the_state_it_
         assert!(tokio::time::Instant::now() < deadline, "the job was not written back");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let second = Stateful::default();
+    let second = Kept::default();
     let staying = Node::join(&client, "state-back", options()).await.unwrap();
     staying.add_worker(second.clone()).await.unwrap();
     leaving.close().await;
@@ -302,7 +261,8 @@ async fn after_redis_restarted_empty_a_job_that_moves_resumes_from_the_state_it_
         assert!(tokio::time::Instant::now() < deadline, "the job did not move");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_eq!(second.starts_of("counter"), [Some(b"count 41".to_vec())]);
+    let states: Vec<_> = second.starts_of("counter").into_iter().map(|start| start.state).collect();
+    assert_eq!(states, [Some(b"count 41".to_vec())]);
     staying.close().await;
 }
 
@@ -311,7 +271,7 @@ async fn events_emitted_across_a_redis_restart_with_its_data_are_all_written_in_
     let mut server = RedisServer::start_persistent();
     let client = pulse_redis::Redis::open(server.url()).unwrap();
     let node = Node::join(&client, "emits", options()).await.unwrap();
-    let keeper = Keeper::default();
+    let keeper = Kept::default();
     node.add_worker(keeper.clone()).await.unwrap();
     assert_eq!(node.dispatch("e", b"").await.unwrap(), DispatchOutcome::Started);
     let ctx = keeper.contexts.lock().unwrap()[0].clone();
