@@ -231,6 +231,7 @@ impl<'a> Host<'a> {
                 .await
                 .with_context(|| format!("failed to join pool {:?}", config.pool))?,
         );
+        tracing::info!(pool = %config.pool, node = node.id(), "joined the pool as node {}", node.id());
         self.served.push(Served { config, loaded, node: node.clone(), workers: Vec::new() });
         let served = self.served.last_mut().expect("pushed");
         if let Some(identity) = check_claim(&node, &served.config, &served.loaded.release).await? {
