@@ -198,16 +198,35 @@ pub fn print_nodes(nodes: &[pulse_pool::NodeInfo], as_json: bool) {
             .map(|n| {
                 let releases: Vec<_> =
                     n.releases.iter().map(|r| json!({"digest": r.digest, "version": r.version})).collect();
-                json!({"id": n.id, "workers": n.workers, "releases": releases})
+                let mut node = json!({"id": n.id, "workers": n.workers, "releases": releases});
+                if let Some(identity) = &n.identity {
+                    node["host"] = json!(identity.host);
+                    node["pid"] = json!(identity.pid);
+                    node["version"] = json!(identity.version);
+                    node["http"] = json!(identity.http);
+                    node["started_ms"] = json!(n.started_ms);
+                }
+                node
             })
             .collect();
         let _ = writeln!(out, "{}", serde_json::Value::Array(list));
         return;
     }
-    let _ = writeln!(out, "{:<26} {:<24} RELEASES", "NODE", "WORKERS");
+    let _ = writeln!(out, "{:<26} {:<24} {:<32} RELEASES", "NODE", "WORKERS", "HOST");
     for node in nodes {
         let releases: Vec<String> = node.releases.iter().map(ToString::to_string).collect();
-        let _ = writeln!(out, "{:<26} {:<24} {}", node.id, node.workers.join(" "), releases.join(", "));
+        let host = node.identity.as_ref().map_or_else(String::new, |identity| {
+            let http = identity.http.as_deref().map(|http| format!(" {http}")).unwrap_or_default();
+            format!("{} pid {} v{}{http}", identity.host, identity.pid, identity.version)
+        });
+        let _ = writeln!(
+            out,
+            "{:<26} {:<24} {:<32} {}",
+            node.id,
+            node.workers.join(" "),
+            host,
+            releases.join(", ")
+        );
     }
 }
 

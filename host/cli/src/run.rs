@@ -163,7 +163,13 @@ pub async fn run(config: &Config, client: &pulse_redis::Redis) -> anyhow::Result
         Some(http) => Some(Http::start(http, root.child_token()).await?),
         None => None,
     };
-    let options = NodeOptions { cancel: root.clone(), ..node_options(config) };
+    // What the pool's listings show of this host's nodes.
+    let identity = pulse_pool::Identity {
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        http: http.as_ref().map(|http| format!("http://{}", http.address)),
+        ..pulse_pool::Identity::default()
+    };
+    let options = NodeOptions { cancel: root.clone(), identity, ..node_options(config) };
     let result = serve(config, client, &options, http.as_ref().map(|h| &h.api)).await;
     root.cancel();
     if let Some(http) = http {
@@ -187,6 +193,8 @@ pub(crate) fn http_token(config: &pulse_config::HttpConfig) -> anyhow::Result<Op
 /// The HTTP API, served by a task of its own.
 struct Http {
     api: pulse_http::Api,
+    /// The address it listens on.
+    address: std::net::SocketAddr,
     shutdown: tokio_util::sync::CancellationToken,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
 }
@@ -221,7 +229,7 @@ impl Http {
         };
         let task = tokio::spawn(pulse_http::serve(listener, api.clone(), shutdown.clone(), serving));
         tracing::info!(%address, "serving the HTTP API, metrics and status page on http://{address}/");
-        Ok(Self { api, shutdown, task })
+        Ok(Self { api, address, shutdown, task })
     }
 
     /// Stops serving: requests in flight get a few seconds to finish.

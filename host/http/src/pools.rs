@@ -20,6 +20,7 @@ pub(crate) async fn list(State(api): State<Api>) -> Result<Json<Value>, ApiError
         let nodes = pool.node.nodes();
         pools.push(json!({
             "name": name,
+            "node": pool.node.id(),
             "workers_here": pool.workers_here,
             "slot_groups": pool.node.slot_groups(),
             "nodes": nodes.len(),
@@ -46,7 +47,7 @@ pub(crate) async fn workers(
                    "digest": w.release.digest, "version": w.release.version})
         })
         .collect();
-    let nodes: Vec<Value> = node.nodes().iter().map(node_json).collect();
+    let nodes: Vec<Value> = node.described_nodes().await?.iter().map(node_json).collect();
     Ok(Json(json!({"workers": workers, "nodes": nodes})))
 }
 
@@ -84,5 +85,13 @@ pub(crate) async fn events(
 fn node_json(node: &pulse_pool::NodeInfo) -> Value {
     let releases: Vec<Value> =
         node.releases.iter().map(|r| json!({"digest": r.digest, "version": r.version})).collect();
-    json!({"id": node.id, "workers": node.workers, "releases": releases})
+    let mut json = json!({"id": node.id, "workers": node.workers, "releases": releases});
+    if let Some(identity) = &node.identity {
+        json["host"] = json!(identity.host);
+        json["pid"] = json!(identity.pid);
+        json["version"] = json!(identity.version);
+        json["http"] = json!(identity.http);
+        json["started_ms"] = json!(node.started_ms);
+    }
+    json
 }

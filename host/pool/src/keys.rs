@@ -100,6 +100,12 @@ impl PoolKeys {
         format!("pulse:{{{}}}:schedule:{name}", self.tag)
     }
 
+    /// A node's identity (a hash: host, pid, version, http, started), kept
+    /// by its lease renewals and expiring with them.
+    pub(crate) fn node(&self, node: &str) -> String {
+        format!("pulse:{{{}}}:node:{node}", self.tag)
+    }
+
     /// The jobs a worker owns.
     pub(crate) fn worker_jobs(&self, worker: &str) -> String {
         format!("pulse:{{{}}}:worker:{worker}:jobs", self.tag)

@@ -31,7 +31,8 @@ use tokio_util::sync::CancellationToken;
 ///   janitors wake then);
 /// - `slot_groups`: 1: the pool lives under one hash tag, on one Redis
 ///   thread (see [`NodeOptions::slot_groups`]);
-/// - `cancel`: a token of the node's own.
+/// - `cancel`: a token of the node's own;
+/// - `identity`: this machine and process ([`Identity::default`]).
 #[derive(Debug, Clone)]
 pub struct NodeOptions {
     /// Jobs the pool holds at most (0: no limit).
@@ -80,6 +81,36 @@ pub struct NodeOptions {
     ///
     /// [`Node::close`]: crate::Node::close
     pub cancel: CancellationToken,
+    /// What the pool's listings say of this node: its machine, process,
+    /// version and HTTP address (see [`Identity`]).
+    pub identity: Identity,
+}
+
+/// Who a node is, beyond its id: shown by the pool's node listings
+/// ([`crate::NodeInfo::identity`]), so an operator knows which machine
+/// runs which worker. Default: this machine's host name, this process's
+/// id, this crate's version, no HTTP address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    /// The machine's host name.
+    pub host: String,
+    /// The process id.
+    pub pid: u32,
+    /// The version of the program the node runs in.
+    pub version: String,
+    /// The address its HTTP API serves, when it has one.
+    pub http: Option<String>,
+}
+
+impl Default for Identity {
+    fn default() -> Self {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .ok()
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .map(|name| name.trim().to_owned())
+            .unwrap_or_default();
+        Self { host, pid: std::process::id(), version: env!("CARGO_PKG_VERSION").to_owned(), http: None }
+    }
 }
 
 impl Default for NodeOptions {
@@ -98,6 +129,7 @@ impl Default for NodeOptions {
             lease_ttl: Duration::from_secs(10),
             slot_groups: 1,
             cancel: CancellationToken::new(),
+            identity: Identity::default(),
         }
     }
 }

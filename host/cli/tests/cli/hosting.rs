@@ -61,6 +61,12 @@ fn the_cli_dispatches_notifies_lists_and_stops_jobs_of_a_running_host() {
     let nodes: serde_json::Value = serde_json::from_str(&nodes).unwrap();
     assert_eq!(nodes.as_array().unwrap().len(), 1, "{nodes}");
     assert_eq!(nodes[0]["workers"].as_array().unwrap().len(), 2, "{nodes}");
+    // Who the node is: this host's process, without an HTTP API.
+    assert_eq!(nodes[0]["pid"], host.child.id(), "{nodes}");
+    assert_eq!(nodes[0]["http"], serde_json::Value::Null, "{nodes}");
+    let (code, table) = cli(&config, redis, &["nodes", "--pool", "echo"]);
+    assert_eq!(code, 0);
+    assert!(table.contains(&format!("pid {}", host.child.id())), "{table}");
 
     let batch = dir.path().join("jobs.jsonl");
     std::fs::write(

@@ -336,13 +336,23 @@ async fn every_route_answers_its_outcomes_without_a_token() {
     // Pools and workers.
     let (status, pools) = api.get("/api/pools").await;
     assert_eq!(status, 200);
-    let echo = pools["pools"].as_array().unwrap().iter().find(|p| p["name"] == "echo").unwrap().clone();
+    let mut echo = pools["pools"].as_array().unwrap().iter().find(|p| p["name"] == "echo").unwrap().clone();
+    let own = echo.as_object_mut().unwrap().remove("node").expect("the host's own node");
     assert_eq!(
         echo,
         json!({"name": "echo", "workers_here": true, "slot_groups": 1, "nodes": 1, "workers": 2, "jobs": {"running": 42, "queued": 0, "failed": 0}})
     );
     let (status, workers) = api.get("/api/pools/echo/workers").await;
     assert_eq!(status, 200);
+    // Its one node is this host's, and says who it is.
+    let node = &workers["nodes"][0];
+    assert_eq!(node["id"], own);
+    assert_eq!(node["pid"], api.host.child.id());
+    assert_eq!(node["http"], api.base.as_str());
+    assert_eq!(node["version"], env!("CARGO_PKG_VERSION"));
+    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    assert_eq!(node["host"], hostname.trim());
+    assert!(node["started_ms"].as_u64().is_some_and(|ms| ms > 1_700_000_000_000), "{node}");
     let jobs: u64 = workers["workers"].as_array().unwrap().iter().map(|w| w["jobs"].as_u64().unwrap()).sum();
     assert_eq!(
         (workers["workers"].as_array().unwrap().len(), jobs, workers["nodes"].as_array().unwrap().len()),

@@ -239,8 +239,10 @@ impl Core {
             .key(&keys.leases)
             .key(&keys.epoch)
             .key(&keys.shutdown)
+            .key(keys.node(&self.id))
             .arg(millis(self.options.lease_ttl))
-            .arg(self.lease.epoch());
+            .arg(self.lease.epoch())
+            .arg(self.identity_entry());
         for member in &members {
             invocation.arg(member);
         }
@@ -336,6 +338,25 @@ impl Core {
             }
             cursor = next;
         }
+    }
+}
+
+impl Core {
+    /// The node's identity for `renew.lua` (`host|pid|version|http`); ''
+    /// in slot groups but the first, where no listing looks for it.
+    fn identity_entry(&self) -> String {
+        if self.keys.tag != self.keys.pool {
+            return String::new();
+        }
+        let identity = &self.options.identity;
+        let clean = |text: &str| text.replace('|', "/");
+        format!(
+            "{}|{}|{}|{}",
+            clean(&identity.host),
+            identity.pid,
+            clean(&identity.version),
+            identity.http.as_deref().unwrap_or_default()
+        )
     }
 }
 

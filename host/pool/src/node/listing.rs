@@ -56,6 +56,12 @@ pub struct NodeInfo {
     pub workers: Vec<String>,
     /// What they run, each release once.
     pub releases: Vec<crate::options::Release>,
+    /// What the node says of itself (its machine, process, version and
+    /// HTTP address), once read ([`Node::described_nodes`]); `None` when
+    /// not read, or when the node wrote none (a version before this one).
+    pub identity: Option<crate::options::Identity>,
+    /// When the node first renewed its leases, in ms of Redis time.
+    pub started_ms: Option<u64>,
 }
 
 impl Node {
@@ -63,6 +69,19 @@ impl Node {
     /// they host; client-only nodes are not members and are not listed.
     pub fn nodes(&self) -> Vec<NodeInfo> {
         nodes_of(self.core.workers.snapshot())
+    }
+
+    /// [`Node::nodes`], each with what it says of itself (one round trip).
+    ///
+    /// # Errors
+    /// Redis failures.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    pub async fn described_nodes(&self) -> Result<Vec<NodeInfo>> {
+        let mut nodes = self.nodes();
+        describe(&mut self.core.conn.clone(), &self.core.keys, &mut nodes).await?;
+        Ok(nodes)
     }
 
     /// What the pool knows of job `key`.
@@ -215,6 +234,8 @@ pub(super) fn nodes_of(workers: HashMap<String, String>) -> Vec<NodeInfo> {
                 id: node.to_owned(),
                 workers: Vec::new(),
                 releases: Vec::new(),
+                identity: None,
+                started_ms: None,
             });
             info.workers.push(worker);
             if !info.releases.contains(&release) {
@@ -230,6 +251,39 @@ pub(super) fn nodes_of(workers: HashMap<String, String>) -> Vec<NodeInfo> {
             info
         })
         .collect()
+}
+
+/// Fills in what each of `nodes` says of itself (its identity hash, kept
+/// by its renewals in the pool's first slot group).
+pub(super) async fn describe<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &PoolKeys,
+    nodes: &mut [NodeInfo],
+) -> Result<()> {
+    if nodes.is_empty() {
+        return Ok(());
+    }
+    let mut pipe = redis::pipe();
+    for node in nodes.iter() {
+        pipe.hgetall(keys.node(&node.id));
+    }
+    let described: Vec<HashMap<String, String>> =
+        pipe.query_async(conn).await.map_err(keys.redis_error("read the nodes' identities"))?;
+    for (node, mut fields) in nodes.iter_mut().zip(described) {
+        if fields.is_empty() {
+            continue;
+        }
+        let mut take = |name: &str| fields.remove(name).unwrap_or_default();
+        let http = take("http");
+        node.identity = Some(crate::options::Identity {
+            host: take("host"),
+            pid: take("pid").parse().unwrap_or_default(),
+            version: take("version"),
+            http: (!http.is_empty()).then_some(http),
+        });
+        node.started_ms = take("started").parse().ok();
+    }
+    Ok(())
 }
 
 pub(super) async fn status<C: ConnectionLike + Send>(

@@ -318,7 +318,13 @@ impl Node {
         self.core.tasks.close();
         self.core.tasks.wait().await;
         let mut conn = self.core.conn.clone();
-        let _: redis::RedisResult<()> = redis::cmd("DEL").arg(&self.core.replies).exec_async(&mut conn).await;
+        let mut del = redis::cmd("DEL");
+        del.arg(&self.core.replies);
+        if self.core.keys.tag == self.core.keys.pool {
+            // Its identity: no listing names a node that left.
+            del.arg(self.core.keys.node(&self.core.id));
+        }
+        let _: redis::RedisResult<()> = del.exec_async(&mut conn).await;
         self.core.slots.close().await;
         self.core.workers.close().await;
     }

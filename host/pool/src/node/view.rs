@@ -127,7 +127,8 @@ impl PoolView {
             .map_err(self.keys().redis_error("read the pool's handler"))
     }
 
-    /// The pool's full nodes, from the workers they host.
+    /// The pool's full nodes, from the workers they host, each with what
+    /// it says of itself.
     ///
     /// # Errors
     /// Redis failures.
@@ -136,7 +137,9 @@ impl PoolView {
     /// Cancel safe: it only reads.
     pub async fn nodes(&self) -> Result<Vec<NodeInfo>> {
         let (_, workers) = self.maps(self.keys()).await?;
-        Ok(nodes_of(workers))
+        let mut nodes = nodes_of(workers);
+        super::listing::describe(&mut self.conn.clone(), self.keys(), &mut nodes).await?;
+        Ok(nodes)
     }
 
     /// The slot table and the workers map of the group of `keys`, each
