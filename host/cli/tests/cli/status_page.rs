@@ -155,6 +155,16 @@ async fn the_status_page_shows_a_job_dispatched_through_the_api_until_it_is_stop
         .await;
     assert_eq!(browser.eval("location.hash").await, "");
     browser.until("both workers are listed", "document.querySelectorAll('[data-worker]').length === 2").await;
+    // Their node is named by its machine and process, as this host.
+    let pid = api.host.child.id();
+    browser
+        .until(
+            "the workers' node is shown as this host's process",
+            &format!(
+                r#"[...document.querySelectorAll('[data-node]')].filter(td => td.innerText.includes("pid {pid} (this host)")).length === 2"#
+            ),
+        )
+        .await;
 
     let dispatched = api
         .post("/api/pools/echo/jobs", json!({"key": "on-the-page", "payload": "hello from the API"}))
