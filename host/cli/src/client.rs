@@ -108,20 +108,37 @@ pub fn print_jobs(jobs: &mut [JobInfo], as_json: bool) {
     }
 }
 
-pub fn print_workers(workers: &[WorkerInfo], as_json: bool) {
+/// Prints workers, each with the machine and process of its node (from
+/// `nodes`, as [`print_nodes`] takes them).
+pub fn print_workers(workers: &[WorkerInfo], nodes: &[pulse_pool::NodeInfo], as_json: bool) {
+    let identity = |node: &str| nodes.iter().find(|n| n.id == node).and_then(|n| n.identity.as_ref());
     let mut out = std::io::stdout().lock();
     if as_json {
         let list: Vec<_> = workers
             .iter()
             .map(|w| {
+                let identity = identity(&w.node);
                 json!({"id": w.id, "node": w.node, "join": w.join, "slots": w.slots, "jobs": w.jobs,
-                       "digest": w.release.digest, "version": w.release.version})
+                       "digest": w.release.digest, "version": w.release.version,
+                       "host": identity.map(|i| &i.host), "pid": identity.map(|i| i.pid)})
             })
             .collect();
         let _ = writeln!(out, "{}", serde_json::Value::Array(list));
         return;
     }
-    print_workers_to(&mut out, workers);
+    let _ = writeln!(
+        out,
+        "{:<8} {:<26} {:<28} {:>5} {:>5} {:>6}  RELEASE",
+        "WORKER", "NODE", "HOST", "JOIN", "SLOTS", "JOBS"
+    );
+    for w in workers {
+        let host = identity(&w.node).map(|i| format!("{} pid {}", i.host, i.pid)).unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "{:<8} {:<26} {:<28} {:>5} {:>5} {:>6}  {}",
+            w.id, w.node, host, w.join, w.slots, w.jobs, w.release
+        );
+    }
 }
 
 fn print_workers_to(out: &mut impl Write, workers: &[WorkerInfo]) {

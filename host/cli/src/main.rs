@@ -354,7 +354,7 @@ async fn read(view: &pulse_pool::PoolView, command: Command) -> anyhow::Result<(
             (exit::OK, String::new())
         }
         Command::Workers { json, .. } => {
-            client::print_workers(&view.workers().await?, json);
+            client::print_workers(&view.workers().await?, &view.nodes().await?, json);
             (exit::OK, String::new())
         }
         Command::Nodes { json, .. } => {

@@ -67,6 +67,10 @@ fn the_cli_dispatches_notifies_lists_and_stops_jobs_of_a_running_host() {
     let (code, table) = cli(&config, redis, &["nodes", "--pool", "echo"]);
     assert_eq!(code, 0);
     assert!(table.contains(&format!("pid {}", host.child.id())), "{table}");
+    let (code, workers) = cli(&config, redis, &["workers", "--pool", "echo", "--json"]);
+    assert_eq!(code, 0);
+    let workers: serde_json::Value = serde_json::from_str(&workers).unwrap();
+    assert!(workers.as_array().unwrap().iter().all(|w| w["pid"] == host.child.id()), "{workers}");
 
     let batch = dir.path().join("jobs.jsonl");
     std::fs::write(
