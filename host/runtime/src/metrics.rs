@@ -26,7 +26,8 @@ use metrics::{Counter, Gauge, Histogram};
 use crate::error::CallError;
 
 /// The outcomes of a guest call, as labelled.
-pub const OUTCOMES: [&str; 6] = ["ok", "guest_error", "trap", "timeout", "memory_limit", "fuel_exhausted"];
+pub const OUTCOMES: [&str; 7] =
+    ["ok", "guest_error", "trap", "timeout", "memory_limit", "fuel_exhausted", "lost"];
 
 /// The calls a job handler answers, as labelled.
 const HANDLER_CALLS: &[&str] = &["start", "stop", "notify", "on-timer"];
@@ -97,6 +98,7 @@ impl PluginMetrics {
             Err(CallError::Timeout(_)) => 3,
             Err(CallError::MemoryLimit { .. }) => 4,
             Err(CallError::FuelExhausted(_)) => 5,
+            Err(CallError::Lost(_)) => 6,
             Err(_) => return,
         };
         if let Some(counters) = self.names.iter().position(|c| *c == call).and_then(|i| self.calls.get(i)) {
