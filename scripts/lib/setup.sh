@@ -47,3 +47,8 @@ setup_chromium() {
   fi
   setup_require "the status page is tested in headless Chromium" chromium chromium
 }
+
+# What checking the alert rules needs: promtool, from Debian's prometheus.
+setup_promtool() {
+  setup_require "the alert rules in deploy/prometheus are checked with promtool" promtool prometheus
+}

@@ -203,6 +203,42 @@ mod tests {
             .collect()
     }
 
+    /// The `pulse_…` metric names `text` uses, histogram series folded
+    /// into their metric.
+    fn used(text: &str) -> BTreeSet<String> {
+        let mut names = BTreeSet::new();
+        for (at, _) in text.match_indices("pulse_") {
+            let name: String =
+                text[at..].chars().take_while(|c| c.is_ascii_lowercase() || *c == '_').collect();
+            let name = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|suffix| name.strip_suffix(suffix))
+                .map_or(name.clone(), str::to_owned);
+            names.insert(name);
+        }
+        names
+    }
+
+    #[test]
+    fn the_dashboard_shows_every_metric_and_the_alerts_use_only_exported_ones() {
+        let exported: BTreeSet<String> = METRICS.iter().map(|(name, ..)| (*name).to_owned()).collect();
+        let dashboard = used(include_str!("../../../deploy/grafana/pulse-host.json"));
+        assert_eq!(
+            dashboard, exported,
+            "deploy/grafana/pulse-host.json (left) against what the host exports"
+        );
+        for (file, text) in [
+            ("alerts.yml", include_str!("../../../deploy/prometheus/alerts.yml")),
+            ("alerts.test.yml", include_str!("../../../deploy/prometheus/alerts.test.yml")),
+        ] {
+            let unknown: Vec<_> = used(text).difference(&exported).cloned().collect();
+            assert!(
+                unknown.is_empty(),
+                "deploy/prometheus/{file} uses {unknown:?}, which the host does not export"
+            );
+        }
+    }
+
     #[test]
     fn docs_http_md_lists_exactly_the_metrics_the_host_exports() {
         let exported: BTreeSet<&str> = METRICS.iter().map(|(name, ..)| *name).collect();
