@@ -7,7 +7,10 @@ use std::collections::HashMap;
 use pulse_testkit::RedisServer;
 use pulse_testkit::plugins::{JS_ECHO, PYTHON_ECHO};
 
-use crate::{Host, cli, eventually, job_workers, wait_for_workers, write_config};
+use crate::{
+    COMPILE_PATIENCE, Host, cli, eventually, job_workers, wait_for_workers, wait_for_workers_within,
+    write_config,
+};
 
 const JOBS: usize = 6;
 
@@ -35,7 +38,8 @@ fn python_and_javascript_jobs_resume_their_saved_count_on_another_host_after_a_k
         );
         let config = write_config(dir.path(), &[("count", plugin, settings)], &extra);
         let mut first = Host::start(&config, redis);
-        wait_for_workers(&config, redis, "count", 1);
+        // The first host compiles the interpreter into the shared cache.
+        wait_for_workers_within(&config, redis, "count", 1, COMPILE_PATIENCE);
         let second = Host::start(&config, redis);
         wait_for_workers(&config, redis, "count", 2);
         for i in 0..JOBS {

@@ -137,9 +137,19 @@ impl Drop for Host {
     }
 }
 
+/// How long a host may take to serve a plugin whose component is not
+/// compiled yet: an interpreter (Python, JavaScript) takes seconds to
+/// compile, more on a loaded machine.
+pub const COMPILE_PATIENCE: Duration = Duration::from_secs(120);
+
 /// Waits until `done` holds, polling.
-pub fn eventually(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + PATIENCE;
+pub fn eventually(what: &str, done: impl FnMut() -> bool) {
+    eventually_within(what, PATIENCE, done);
+}
+
+/// Waits until `done` holds, polling, for at most `patience`.
+pub fn eventually_within(what: &str, patience: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + patience;
     while !done() {
         assert!(Instant::now() < deadline, "timed out waiting until {what}");
         std::thread::sleep(Duration::from_millis(50));
@@ -177,7 +187,18 @@ pub fn emitted(
 
 /// Waits until pool `pool` has `count` workers.
 pub fn wait_for_workers(config: &Path, redis: Option<&str>, pool: &str, count: usize) {
-    eventually(&format!("{count} workers serve {pool}"), || {
+    wait_for_workers_within(config, redis, pool, count, PATIENCE);
+}
+
+/// [`wait_for_workers`], for at most `patience`.
+pub fn wait_for_workers_within(
+    config: &Path,
+    redis: Option<&str>,
+    pool: &str,
+    count: usize,
+    patience: Duration,
+) {
+    eventually_within(&format!("{count} workers serve {pool}"), patience, || {
         let (code, out) = cli(config, redis, &["workers", "--pool", pool, "--json"]);
         code == 0
             && serde_json::from_str::<serde_json::Value>(&out).ok().and_then(|v| v.as_array().map(Vec::len))
