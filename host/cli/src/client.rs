@@ -210,23 +210,7 @@ pub fn print_rollout(workers: &[WorkerInfo], recorded: Option<&str>, as_json: bo
 pub fn print_nodes(nodes: &[pulse_pool::NodeInfo], as_json: bool) {
     let mut out = std::io::stdout().lock();
     if as_json {
-        let list: Vec<_> = nodes
-            .iter()
-            .map(|n| {
-                let releases: Vec<_> =
-                    n.releases.iter().map(|r| json!({"digest": r.digest, "version": r.version})).collect();
-                let mut node = json!({"id": n.id, "workers": n.workers, "releases": releases});
-                if let Some(identity) = &n.identity {
-                    node["host"] = json!(identity.host);
-                    node["pid"] = json!(identity.pid);
-                    node["version"] = json!(identity.version);
-                    node["http"] = json!(identity.http);
-                    node["started_ms"] = json!(n.started_ms);
-                }
-                node
-            })
-            .collect();
-        let _ = writeln!(out, "{}", serde_json::Value::Array(list));
+        let _ = writeln!(out, "{}", json!(nodes));
         return;
     }
     let _ = writeln!(out, "{:<26} {:<24} {:<32} RELEASES", "NODE", "WORKERS", "HOST");

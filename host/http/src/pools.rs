@@ -47,7 +47,7 @@ pub(crate) async fn workers(
                    "digest": w.release.digest, "version": w.release.version})
         })
         .collect();
-    let nodes: Vec<Value> = node.described_nodes().await?.iter().map(node_json).collect();
+    let nodes = node.described_nodes().await?;
     Ok(Json(json!({"workers": workers, "nodes": nodes})))
 }
 
@@ -79,19 +79,4 @@ pub(crate) async fn events(
         })
         .collect();
     Ok(Json(json!({"events": events})))
-}
-
-/// A node as the API shows it.
-fn node_json(node: &pulse_pool::NodeInfo) -> Value {
-    let releases: Vec<Value> =
-        node.releases.iter().map(|r| json!({"digest": r.digest, "version": r.version})).collect();
-    let mut json = json!({"id": node.id, "workers": node.workers, "releases": releases});
-    if let Some(identity) = &node.identity {
-        json["host"] = json!(identity.host);
-        json["pid"] = json!(identity.pid);
-        json["version"] = json!(identity.version);
-        json["http"] = json!(identity.http);
-        json["started_ms"] = json!(node.started_ms);
-    }
-    json
 }

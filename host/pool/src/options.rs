@@ -90,7 +90,7 @@ pub struct NodeOptions {
 /// ([`crate::NodeInfo::identity`]), so an operator knows which machine
 /// runs which worker. Default: this machine's host name, this process's
 /// id, this crate's version, no HTTP address.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Identity {
     /// The machine's host name.
     pub host: String,
@@ -208,7 +208,7 @@ impl Default for WorkerOptions {
 /// worker's membership, so every node's listings show which workers run
 /// which code while a new version rolls through a pool. Neither may
 /// contain `|`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, serde::Serialize)]
 pub struct Release {
     /// A digest of the handler's code (say, `sha256:…` of its file).
     pub digest: String,

@@ -47,8 +47,11 @@ pub struct JobCounts {
     pub failed: u64,
 }
 
-/// What the pool knows of a full node.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What the pool knows of a full node. Serialized (for the API and the
+/// command line's `--json`) as `{"id", "workers", "releases"}`, and, once
+/// the node's identity is read, its fields beside them (`host`, `pid`,
+/// `version`, `http`) and `started_ms`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct NodeInfo {
     /// Its id.
     pub id: String,
@@ -59,8 +62,10 @@ pub struct NodeInfo {
     /// What the node says of itself (its machine, process, version and
     /// HTTP address), once read ([`Node::described_nodes`]); `None` when
     /// not read, or when the node wrote none (a version before this one).
+    #[serde(flatten)]
     pub identity: Option<crate::options::Identity>,
     /// When the node first renewed its leases, in ms of Redis time.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub started_ms: Option<u64>,
 }
 
