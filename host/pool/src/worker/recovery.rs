@@ -192,9 +192,6 @@ impl<H: JobHandler> Worker<H> {
         self.retry_at.clear();
         let running: Vec<String> = self.running.keys().cloned().collect();
         for key in running {
-            if !self.running.contains_key(&key) {
-                continue;
-            }
             // Redis lost the state the job saved; the handler may keep it.
             let state = self.handler.saved_state(&key).await;
             let Some(run) = self.running.get(&key) else { continue };
