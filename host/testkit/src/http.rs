@@ -210,13 +210,10 @@ fn serve(mut stream: impl Read + Write, state: &Mutex<State>) {
     if reader.read_exact(&mut request_body).is_err() {
         return;
     }
+    let fence = headers.iter().find(|(name, _)| name == "pulse-fence").map(|(_, v)| v.clone());
+    let post = method == "POST";
     let body = lock(state).bodies.get(&path).cloned();
-    lock(state).received.push(Received {
-        method: method.clone(),
-        path: path.clone(),
-        headers: headers.clone(),
-        body: request_body.clone(),
-    });
+    lock(state).received.push(Received { method, path: path.clone(), headers, body: request_body.clone() });
     let route = path.split('?').next().unwrap_or_default().to_owned();
     let held = {
         let mut state = lock(state);
@@ -234,18 +231,6 @@ fn serve(mut stream: impl Read + Write, state: &Mutex<State>) {
         }
     }
     let route = route.as_str();
-    let fence = headers.iter().find(|(name, _)| name == "pulse-fence").map(|(_, v)| v.clone());
-    if route.starts_with("/fenced/") && method == "POST" {
-        let (status, body) = judge(state, &path, fence, request_body);
-        let head =
-            format!("HTTP/1.1 {status}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n", body.len());
-        let writer = reader.get_mut();
-        let _ = writer
-            .write_all(head.as_bytes())
-            .and_then(|()| writer.write_all(body.as_bytes()))
-            .and_then(|()| writer.flush());
-        return;
-    }
     if let Some(ms) = route.strip_prefix("/drip/") {
         let writer = reader.get_mut();
         let _ = writer
@@ -255,7 +240,10 @@ fn serve(mut stream: impl Read + Write, state: &Mutex<State>) {
         let _ = writer.write_all(b"drip\n").and_then(|()| writer.flush());
         return;
     }
-    let (status, body, etag) = if route == "/echo" {
+    let (status, body, etag) = if route.starts_with("/fenced/") && post {
+        let (status, body) = judge(state, &path, fence, request_body);
+        (status, body.into_bytes(), None)
+    } else if route == "/echo" {
         ("200 OK", request_body, None)
     } else if let Some(ms) = route.strip_prefix("/slow/") {
         std::thread::sleep(Duration::from_millis(ms.parse().unwrap_or(0)));
