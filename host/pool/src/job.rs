@@ -31,6 +31,16 @@ pub enum HandlerError {
     /// The job cannot go on: it is marked failed.
     #[error("fatal: {0}")]
     Fatal(String),
+    /// This worker cannot run the job now, but another may: the job is
+    /// neither failed nor retried here. A start so answered stays the
+    /// worker's, unstarted and without counting an attempt, with the
+    /// events sent to it meanwhile, until the worker leaves: then it goes
+    /// back to the pool, events and all, and starts on its next worker
+    /// from the state it saved. A notification so answered is answered
+    /// with the message (the job stays). A release on trial answers so
+    /// for the jobs it fails (see the host's upgrade gate).
+    #[error("held: {0}")]
+    Held(String),
 }
 
 /// Runs the jobs of a worker. Calls for one key come in order: `start`,

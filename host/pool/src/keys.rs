@@ -30,6 +30,9 @@ pub(crate) struct PoolKeys {
     pub(crate) events_bytes_earlier: String,
     /// The identity of the handler that serves the pool.
     pub(crate) handler: String,
+    /// Releases the pool refuses (a host's upgrade gate failed them):
+    /// digest -> why, in words.
+    pub(crate) refused: String,
     /// Worker leases: worker -> deadline, ms of Redis time.
     pub(crate) leases: String,
     /// The pool epoch: random, set once; another value (or none) means
@@ -76,6 +79,7 @@ impl PoolKeys {
             events_written: key("events-written"),
             events_bytes_earlier: key("events-bytes"),
             handler: key("handler"),
+            refused: key("refused"),
             leases: key("leases"),
             epoch: key("epoch"),
             shutdown: key("shutdown"),

@@ -77,6 +77,23 @@ pub(crate) fn reads_batches(request: &str) -> bool {
     request.starts_with(BATCHED)
 }
 
+/// `event` (a stop or notification) as the job's held events keep it
+/// (`held_event` of the scripts): kind, reply stream, request, payload;
+/// `None` for a start.
+pub(crate) fn encode_held(event: &InboxEvent) -> Option<Vec<u8>> {
+    let (kind, payload): (&str, &[u8]) = match &event.kind {
+        Kind::Start { .. } => return None,
+        Kind::Stop => ("stop", b""),
+        Kind::Notify { payload } => ("notify", payload),
+    };
+    let mut out = Vec::new();
+    push(&mut out, kind.as_bytes());
+    push(&mut out, event.reply.as_bytes());
+    push(&mut out, event.request.as_bytes());
+    push(&mut out, payload);
+    Some(out)
+}
+
 /// A worker's answer, on the dispatcher's reply stream: name = outcome,
 /// payload = request id, message.
 pub(crate) fn encode_reply(request: &str, message: &str) -> Vec<u8> {

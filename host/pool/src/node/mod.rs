@@ -10,6 +10,7 @@
 //! - `membership`: workers joining and leaving; the pool's shutdown.
 //! - `upkeep`: the full node's task: lease renewals, the janitor.
 //! - `listing`: jobs, workers, status, and the Redis reads behind them.
+//! - `releases`: the releases the pool refuses.
 //! - `view`: [`PoolView`], the same listings without joining.
 
 mod batch;
@@ -17,6 +18,7 @@ mod confirm;
 mod dispatch;
 mod listing;
 mod membership;
+mod releases;
 mod upkeep;
 mod view;
 
@@ -34,6 +36,7 @@ use crate::options::NodeOptions;
 use crate::worker::WorkerHandle;
 
 pub use listing::{JobCounts, NodeInfo, WorkerInfo};
+pub use releases::RefusedRelease;
 pub use view::PoolView;
 
 /// The workers a node hosts, by id.

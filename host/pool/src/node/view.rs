@@ -17,7 +17,7 @@ use crate::keys::{PoolKeys, SLOTS_MAP, WORKERS_MAP, validate_pool};
 /// from the command line) answers in a few round trips.
 #[derive(Clone)]
 pub struct PoolView {
-    conn: pulse_redis::Shared,
+    pub(super) conn: pulse_redis::Shared,
     /// Every slot group's keys, group 0's (where the pool-wide records
     /// are) first.
     groups: Vec<PoolKeys>,
@@ -56,7 +56,7 @@ impl PoolView {
     }
 
     /// Group 0's keys, where the pool-wide records are.
-    fn keys(&self) -> &PoolKeys {
+    pub(super) fn keys(&self) -> &PoolKeys {
         &self.groups[0]
     }
 

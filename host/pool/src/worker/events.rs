@@ -258,6 +258,12 @@ impl<H: JobHandler> Worker<H> {
                 self.retry_at.insert((Instant::now() + wait, job.key.clone()), ());
                 self.retrying.insert(job.key.clone(), Retrying { event, job, waiting });
             }
+            Err(HandlerError::Held(message)) => {
+                // Kept unstarted, with no retry due: it goes back to the
+                // pool when this worker leaves.
+                tracing::info!(job.key = %job.key, reason = %message, "start held until the worker leaves");
+                self.retrying.insert(job.key.clone(), Retrying { event, job, waiting });
+            }
             Err(HandlerError::Retryable(message) | HandlerError::Fatal(message)) => {
                 self.fail(&job.key, &event.token, &message, job.attempt).await;
                 self.reply(&event, Outcome::Failed, &message);
@@ -347,6 +353,11 @@ impl<H: JobHandler> Worker<H> {
         let (Ended::Completed { key, token } | Ended::Failed { key, token }) = end;
         if self.running.get(&key).is_some_and(|r| r.token == token) {
             self.running.remove(&key);
+        }
+        // (A held start its handler ended through the job's context.)
+        if self.retrying.get(&key).is_some_and(|r| r.event.token == token) {
+            self.retrying.remove(&key);
+            self.retry_at.retain(|(_, retried), ()| *retried != key);
         }
     }
 

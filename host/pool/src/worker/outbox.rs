@@ -17,12 +17,36 @@ impl<H: JobHandler> Worker<H> {
     /// Hands job `key` back to the pool under `token` (after the events
     /// its jobs emitted); whether it was.
     pub(super) async fn requeue(&self, key: &str, token: &str) -> bool {
+        self.requeue_unstarted(key, token, None, std::iter::empty()).await
+    }
+
+    /// Hands job `key` back under `token` when it never started here:
+    /// `start` is its start event (answered by the next worker, when
+    /// somebody waits for it), `waiting` the events that waited behind it
+    /// (held for the next worker, first and in order).
+    pub(super) async fn requeue_unstarted<'a>(
+        &self,
+        key: &str,
+        token: &str,
+        start: Option<&InboxEvent>,
+        waiting: impl Iterator<Item = &'a InboxEvent>,
+    ) -> bool {
         let keys = &self.core.keys;
         let mut cmd = scripts::evalsha(
             &scripts::REQUEUE,
-            &[keys.jobs.clone(), keys.record(key), keys.queued.clone(), keys.worker_jobs(&self.id)],
+            &[
+                keys.jobs.clone(),
+                keys.record(key),
+                keys.queued.clone(),
+                keys.worker_jobs(&self.id),
+                keys.held(key),
+            ],
         );
-        cmd.arg(key).arg(token);
+        let (reply, request) = start.map_or(("", ""), |start| (start.reply.as_str(), start.request.as_str()));
+        cmd.arg(key).arg(token).arg(reply).arg(request);
+        for event in waiting {
+            cmd.arg(wire::encode_held(event));
+        }
         match self.emits.ordered::<i64>(&self.core, &scripts::REQUEUE, cmd).await {
             Ok(done) => done == 1,
             Err(error) => {

@@ -12,8 +12,8 @@ use crate::context::Ended;
 use crate::job::JobHandler;
 use crate::scripts;
 
-use super::Worker;
 use super::handle::{Control, open_inbox};
+use super::{Retrying, Worker};
 
 impl<H: JobHandler> Worker<H> {
     pub(super) async fn on_control(
@@ -33,9 +33,17 @@ impl<H: JobHandler> Worker<H> {
                 let handed = self.hand_back(all, inbox, ended).await;
                 self.core.metrics.moved_jobs.increment(handed.len() as u64);
                 self.assign_all(handed).await;
+                // Jobs that never started here (retrying, or held) go
+                // back with the events that waited for them.
+                let mut unstarted = Vec::new();
                 for (key, retrying) in std::mem::take(&mut self.retrying) {
-                    self.requeue(&key, &retrying.event.token).await;
+                    let Retrying { event, waiting, .. } = &retrying;
+                    if self.requeue_unstarted(&key, &event.token, Some(event), waiting.iter()).await {
+                        unstarted.push(key);
+                    }
                 }
+                self.retry_at.clear();
+                self.assign_all(unstarted).await;
                 done
             }
             Control::ShutDown(done) => {

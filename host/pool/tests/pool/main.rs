@@ -91,7 +91,8 @@ impl Calls {
 /// A handler that records its calls and reacts to payloads:
 /// `refuse` (invalid input), `fatal`, `retry` (always retryable),
 /// `retry-once` (retryable on the first attempt), `complete` (completes
-/// itself during start); anything else starts.
+/// itself during start), `held` (held, unless started again after a
+/// move); anything else starts.
 #[derive(Clone, Debug)]
 pub struct Recording {
     calls: Calls,
@@ -123,6 +124,7 @@ impl JobHandler for Recording {
             b"fatal" => Err(HandlerError::Fatal("failed on purpose".into())),
             b"retry" => Err(HandlerError::Retryable("not yet".into())),
             b"retry-once" if job.attempt == 1 => Err(HandlerError::Retryable("not yet".into())),
+            b"held" if !job.requeued => Err(HandlerError::Held("not on this worker".into())),
             b"complete" => {
                 ctx.complete().await.unwrap();
                 Ok(())

@@ -102,3 +102,73 @@ async fn replacing_each_worker_in_turn_moves_each_job_once_to_its_heir() {
     }
     finish(&pool, &[&*first, &second]).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_start_goes_with_its_events_and_its_dispatcher_to_the_heir_when_its_worker_is_replaced() {
+    let pool = unique("held");
+    let calls = crate::Calls::default();
+    let node = std::sync::Arc::new(node(&pool, 1, &calls).await);
+    let holder = node.workers().await.unwrap()[0].id.clone();
+    // The start is held: the dispatch waits for an answer, and the
+    // notifications sent meanwhile wait behind the start.
+    let dispatch = tokio::spawn({
+        let node = node.clone();
+        async move { node.dispatch("h1", b"held").await.unwrap() }
+    });
+    calls.wait_until("the start was tried", |c| c.iter().any(|c| matches!(c, Call::Start { .. }))).await;
+    let notifies: Vec<_> = (1..=3)
+        .map(|n| {
+            let node = node.clone();
+            tokio::spawn(async move { node.notify("h1", format!("n{n}").as_bytes()).await.unwrap() })
+        })
+        .collect();
+    // All three reach the holder's inbox (the job's sequence number is 3)
+    // before it is replaced: they go with the job, not after it.
+    let mut conn = pulse_testkit::connect(pulse_testkit::shared_redis_url()).await;
+    let deadline = tokio::time::Instant::now() + crate::PATIENCE;
+    loop {
+        let ownership: String = redis::cmd("HGET")
+            .arg(format!("pulse:{{{pool}}}:jobs"))
+            .arg("h1")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if ownership.ends_with("|3") {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the notifications were not sent: {ownership}");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let status = node.status("h1").await.unwrap().unwrap();
+    assert_eq!(status.state, pulse_pool::JobState::Running, "a held start is the worker's: {status:?}");
+
+    let heir = node.replace_worker(&holder, Recording::new(&calls), WorkerOptions::default()).await.unwrap();
+    assert_eq!(dispatch.await.unwrap(), DispatchOutcome::Started, "the heir answered the dispatcher");
+    for notify in notifies {
+        assert_eq!(notify.await.unwrap(), EventOutcome::Done);
+    }
+    let on_heir: Vec<Call> = calls
+        .of("h1")
+        .into_iter()
+        .filter(|c| matches!(c, Call::Start { worker, .. } | Call::Notify { worker, .. } if *worker == heir))
+        .collect();
+    assert!(
+        matches!(&on_heir[0], Call::Start { requeued: true, attempt: 1, .. }),
+        "started again, no attempt counted: {on_heir:?}"
+    );
+    let notified: Vec<Vec<u8>> = on_heir[1..]
+        .iter()
+        .map(|c| match c {
+            Call::Notify { payload, .. } => payload.clone(),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(notified.len(), 3, "{on_heir:?}");
+    let status = node.status("h1").await.unwrap().unwrap();
+    assert_eq!((status.state, status.attempt), (pulse_pool::JobState::Running, 1));
+    assert!(
+        !calls.of("h1").iter().any(|c| matches!(c, Call::Notify { worker, .. } if *worker == holder)),
+        "the holder never called notify"
+    );
+    finish(&pool, &[&node]).await;
+}
