@@ -200,6 +200,12 @@ pub struct PluginConfig {
     /// `upgrade`: whether the pool takes a new release of the plugin while
     /// it runs another.
     pub upgrade: Upgrade,
+    /// `upgrade_window`: how long each worker a new release replaces is
+    /// judged before the next is replaced (0: not judged).
+    pub upgrade_window: Duration,
+    /// `upgrade_max_failed_percent`: how many more of its jobs, in
+    /// percent, a new release may fail than the release it replaces.
+    pub upgrade_max_failed_percent: u32,
     /// `max_concurrent_calls`: calls of different jobs a worker makes at
     /// once.
     pub max_concurrent_calls: usize,

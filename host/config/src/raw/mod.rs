@@ -51,6 +51,12 @@ const HTTP_REQUESTS: RangeInclusive<u64> = 1..=1000;
 // answers for it) while other hosts run them.
 const WORKERS: RangeInclusive<u64> = 0..=1000;
 const MAX_CONCURRENT_CALLS: RangeInclusive<u64> = 1..=10_000;
+/// `upgrade_window` when not set.
+const DEFAULT_UPGRADE_WINDOW: Duration = secs(30);
+/// `upgrade_max_failed_percent` when not set.
+const DEFAULT_UPGRADE_MAX_FAILED_PERCENT: u64 = 5;
+const UPGRADE_WINDOW: RangeInclusive<Duration> = secs(0)..=secs(3600);
+const UPGRADE_MAX_FAILED_PERCENT: RangeInclusive<u64> = 0..=100;
 const INTERVAL: RangeInclusive<Duration> = millis(10)..=secs(86_400);
 const MAX_BODY: RangeInclusive<u64> = 1..=(1 << 30);
 const HTTP_TIMEOUT: RangeInclusive<Duration> = millis(100)..=secs(3600);
@@ -130,6 +136,8 @@ struct Plugin {
     isolation: Option<Spanned<String>>,
     version: Option<Spanned<String>>,
     upgrade: Option<Spanned<String>>,
+    upgrade_window: Option<Spanned<String>>,
+    upgrade_max_failed_percent: Option<Spanned<u64>>,
     max_concurrent_calls: Option<Spanned<u64>>,
     #[serde(default)]
     allowed_outbound_hosts: Vec<String>,
@@ -319,6 +327,18 @@ impl File {
                 isolation,
                 version,
                 upgrade,
+                upgrade_window: check.duration(
+                    "upgrade_window",
+                    plugin.upgrade_window.as_ref(),
+                    DEFAULT_UPGRADE_WINDOW,
+                    UPGRADE_WINDOW,
+                ),
+                upgrade_max_failed_percent: check.count(
+                    "upgrade_max_failed_percent",
+                    plugin.upgrade_max_failed_percent.as_ref(),
+                    DEFAULT_UPGRADE_MAX_FAILED_PERCENT,
+                    UPGRADE_MAX_FAILED_PERCENT,
+                ) as u32,
                 max_concurrent_calls: check.count(
                     "max_concurrent_calls",
                     plugin.max_concurrent_calls.as_ref(),
