@@ -12,6 +12,10 @@ pub const ECHO: &str = "echo";
 pub const COUNTER: &str = "counter";
 /// `counter-v2`: `counter`'s second release; its ticks emit `v2 <count>`.
 pub const COUNTER_V2: &str = "counter_v2";
+/// `counter-broken`: a bad release of `counter`: it fails the start of
+/// every job with saved state, or traps at tick N with the setting
+/// `trap-after-ticks = "N"`; its ticks emit `v2 <count>`.
+pub const COUNTER_BROKEN: &str = "counter_broken";
 /// `fetcher`: polls an HTTP endpoint per job and emits what changed (an
 /// example plugin).
 pub const FETCHER: &str = "fetcher";
@@ -42,6 +46,7 @@ pub const ALL: &[&str] = &[
     ECHO,
     COUNTER,
     COUNTER_V2,
+    COUNTER_BROKEN,
     FETCHER,
     TRAP,
     SPIN,

@@ -8,6 +8,11 @@
 //!   (a decimal number), the job completes once the count reaches it.
 //!   Built with the `v2` feature (the `counter-v2` plugin), it emits
 //!   `v2 <count>`: a second release, for rolling upgrades.
+//!   Built with the `broken` feature too (the `counter-broken` plugin), it
+//!   is a bad release, to test the upgrade gate: it fails the start of
+//!   every job with saved state, or, with the setting `trap-after-ticks`
+//!   (a number), reads the state but traps at that tick of the job since
+//!   it started on this release.
 //! - `notify` with `reset` sets the count back to 0; anything else is
 //!   refused as invalid input.
 //!
@@ -31,6 +36,8 @@ static JOBS: Mutex<BTreeMap<String, Count>> = Mutex::new(BTreeMap::new());
 struct Count {
     value: u64,
     target: Option<u64>,
+    /// Ticks since the job started here.
+    ticks: u64,
 }
 
 const DEFAULT_INTERVAL_MS: u64 = 1000;
@@ -40,6 +47,9 @@ struct Counter;
 impl Guest for Counter {
     fn start(job: Job) -> Result<(), JobError> {
         let target = parse_target(&job.payload)?;
+        if cfg!(feature = "broken") && job.state.is_some() && env::config("trap-after-ticks").is_none() {
+            return Err(JobError::Fatal("this release cannot read the saved state".into()));
+        }
         let value = match &job.state {
             Some(bytes) => {
                 parse_number(bytes).ok_or_else(|| JobError::Fatal("saved state is not a count".into()))?
@@ -56,7 +66,7 @@ impl Guest for Counter {
         };
         host::set_timer(&job.key, "tick", interval, true).map_err(host_error)?;
         env::log(LogLevel::Info, &format!("start {} at {value}, target {target:?}", job.key));
-        jobs().insert(job.key, Count { value, target });
+        jobs().insert(job.key, Count { value, target, ticks: 0 });
         Ok(())
     }
 
@@ -87,6 +97,12 @@ impl Guest for Counter {
             let count =
                 jobs.get_mut(&key).ok_or_else(|| JobError::Fatal(format!("tick for unknown job {key:?}")))?;
             count.value += 1;
+            count.ticks += 1;
+            if cfg!(feature = "broken")
+                && env::config("trap-after-ticks").and_then(|n| n.parse().ok()) == Some(count.ticks)
+            {
+                panic!("counter-broken traps at tick {} of job {key:?}", count.ticks);
+            }
             (count.value, count.target.is_some_and(|t| count.value >= t))
         };
         let text = value.to_string();
