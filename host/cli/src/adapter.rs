@@ -11,6 +11,8 @@ use pulse_runtime::{
     BoxFuture, CallError, Fence, HostRefusal, JobError, JobOutputs, JobRunner, PlanAnswer, Plugin, Producer,
 };
 
+use crate::gate::Record;
+
 /// The contexts of the jobs a worker runs, by key: how a plugin's requests
 /// reach the pool, fenced by each job's token.
 #[derive(Default, Clone)]
@@ -27,23 +29,37 @@ impl Contexts {
     }
 }
 
-/// One worker's plugin.
+/// One worker's plugin, counting what it does in `record` (for the
+/// upgrade gate, which also has it hold the jobs it fails on trial).
 pub struct WasmHandler {
     runner: JobRunner,
     contexts: Contexts,
+    record: Arc<Record>,
 }
 
 impl WasmHandler {
-    pub fn new(plugin: &Plugin) -> Self {
+    pub(crate) fn new(plugin: &Plugin, record: Arc<Record>) -> Self {
         let contexts = Contexts::default();
-        let runner = plugin.runner(Arc::new(PoolOutputs { contexts: contexts.clone() }));
-        Self { runner, contexts }
+        let outputs = PoolOutputs { contexts: contexts.clone(), record: record.clone() };
+        let runner = plugin.runner(Arc::new(outputs));
+        Self { runner, contexts, record }
+    }
+
+    /// What a call that ended job `key` with `error` answers the pool:
+    /// the error, or [`HandlerError::Held`] while the worker is on trial.
+    fn ended(&self, key: &str, error: HandlerError, ctx: Option<JobContext>) -> HandlerError {
+        match self.record.failed(key, &error.to_string(), ctx) {
+            true => HandlerError::Held(format!("the plugin's new release failed it on trial: {error}")),
+            false => error,
+        }
     }
 }
 
 impl JobHandler for WasmHandler {
     async fn start(&self, job: pulse_pool::Job, ctx: JobContext) -> Result<(), HandlerError> {
         let key = job.key.clone();
+        let requeued = job.requeued;
+        self.record.started();
         self.contexts.lock().insert(key.clone(), ctx);
         let job = pulse_runtime::Job {
             key: job.key,
@@ -53,14 +69,18 @@ impl JobHandler for WasmHandler {
             attempt: job.attempt,
             state: job.state,
         };
-        let result = self.runner.start(job).await;
-        if result.is_err() {
-            self.contexts.lock().remove(&key);
+        let Err(error) = self.runner.start(job).await else { return Ok(()) };
+        let ctx = self.contexts.lock().remove(&key);
+        match handler_error(error) {
+            // A job with saved state refused: the release cannot read it.
+            error @ HandlerError::Fatal(_) => Err(self.ended(&key, error, ctx)),
+            error @ HandlerError::InvalidInput(_) if requeued => Err(self.ended(&key, error, ctx)),
+            error => Err(error),
         }
-        result.map_err(handler_error)
     }
 
     async fn stop(&self, key: &str) -> Result<(), HandlerError> {
+        self.record.release(key);
         let result = self.runner.stop(key).await;
         self.contexts.lock().remove(key);
         match result {
@@ -70,16 +90,24 @@ impl JobHandler for WasmHandler {
     }
 
     async fn notify(&self, key: &str, payload: Vec<u8>, _seq: u64) -> Result<(), HandlerError> {
-        let result = self.runner.notify(key, payload).await;
-        if let Err(error) = &result
-            && error.ends_job()
-        {
-            self.contexts.lock().remove(key);
+        if let Some(reason) = self.record.held(key) {
+            return Err(HandlerError::Held(format!(
+                "the plugin's new release failed the job on trial: {reason}"
+            )));
         }
-        result.map_err(handler_error)
+        let Err(error) = self.runner.notify(key, payload).await else { return Ok(()) };
+        if !error.ends_job() {
+            return Err(handler_error(error));
+        }
+        let ctx = self.contexts.lock().remove(key);
+        match handler_error(error) {
+            error @ HandlerError::Fatal(_) => Err(self.ended(key, error, ctx)),
+            error => Err(error),
+        }
     }
 
     async fn abandon(&self, key: &str) {
+        self.record.release(key);
         self.contexts.lock().remove(key);
         self.runner.abandon(key).await;
     }
@@ -111,20 +139,25 @@ fn handler_error(error: CallError) -> HandlerError {
 /// A plugin's requests, sent to the pool through its job's context.
 struct PoolOutputs {
     contexts: Contexts,
+    record: Arc<Record>,
 }
 
 impl JobOutputs for PoolOutputs {
     fn emit<'a>(&'a self, key: &'a str, payload: Vec<u8>) -> BoxFuture<'a, Result<(), HostRefusal>> {
         Box::pin(async move {
             let ctx = self.contexts.get(key).ok_or(HostRefusal::NotOwned)?;
-            ctx.emit(&payload).await.map_err(refusal)
+            ctx.emit(&payload).await.map_err(refusal)?;
+            self.record.output();
+            Ok(())
         })
     }
 
     fn save_state<'a>(&'a self, key: &'a str, state: Vec<u8>) -> BoxFuture<'a, Result<(), HostRefusal>> {
         Box::pin(async move {
             let ctx = self.contexts.get(key).ok_or(HostRefusal::NotOwned)?;
-            ctx.save_state(&state).await.map_err(refusal)
+            ctx.save_state(&state).await.map_err(refusal)?;
+            self.record.output();
+            Ok(())
         })
     }
 
@@ -133,6 +166,7 @@ impl JobOutputs for PoolOutputs {
             let ctx = self.contexts.get(key).ok_or(HostRefusal::NotOwned)?;
             ctx.complete().await.map_err(refusal)?;
             self.contexts.lock().remove(key);
+            self.record.output();
             Ok(())
         })
     }
@@ -157,6 +191,9 @@ impl JobOutputs for PoolOutputs {
             let Some(ctx) = self.contexts.lock().remove(key) else { return };
             if !ctx.is_live() {
                 return; // the worker lost the job: its record is not ours to change
+            }
+            if self.record.failed(key, &error.to_string(), Some(ctx.clone())) {
+                return; // held: the release is on trial
             }
             if let Err(refused) = ctx.fail(&error.to_string()).await {
                 tracing::warn!(job.key = key, error = %refused, "failed to record a job's failure");

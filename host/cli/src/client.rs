@@ -6,7 +6,9 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use pulse_pool::{DispatchOutcome, EventOutcome, JobInfo, Node, NodeOptions, PoolView, WorkerInfo};
+use pulse_pool::{
+    DispatchOutcome, EventOutcome, JobInfo, Node, NodeOptions, PoolView, RefusedRelease, WorkerInfo,
+};
 use pulse_pool::{Emitted, EmittedEvents, Followed};
 use serde_json::json;
 
@@ -155,7 +157,34 @@ fn print_workers_to(out: &mut impl Write, workers: &[WorkerInfo]) {
 
 /// Which releases of its plugin a pool's workers run: per release, its
 /// workers, hosts and jobs; then every worker with its own.
-pub fn print_rollout(workers: &[WorkerInfo], recorded: Option<&str>, as_json: bool) {
+/// `rollout --clear DIGEST|all`: the exit code and what to print.
+pub async fn clear_refused(view: &PoolView, digest: &str) -> anyhow::Result<(u8, String)> {
+    let all = digest == "all";
+    if !all && !is_digest(digest) {
+        anyhow::bail!(
+            "--clear takes a release's digest (`sha256:` and 64 hex digits, as `rollout` lists it) or `all`, not {digest:?}"
+        );
+    }
+    let cleared = view.clear_refused((!all).then_some(digest)).await?;
+    Ok(match (cleared, all) {
+        (0, true) => (exit::OK, "the pool refuses no release".to_owned()),
+        (0, false) => (exit::NOT_FOUND_OR_EXISTS, format!("the pool does not refuse release {digest}")),
+        (_, true) => (exit::OK, "cleared every refused release: hosts bringing one try it again".to_owned()),
+        (_, false) => (exit::OK, format!("cleared release {digest}: hosts bringing it try it again")),
+    })
+}
+
+fn is_digest(text: &str) -> bool {
+    text.strip_prefix("sha256:")
+        .is_some_and(|hex| hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+pub fn print_rollout(
+    workers: &[WorkerInfo],
+    recorded: Option<&str>,
+    refused: &[RefusedRelease],
+    as_json: bool,
+) {
     let mut releases: Vec<(&pulse_pool::Release, Vec<&WorkerInfo>)> = Vec::new();
     for worker in workers {
         match releases.iter_mut().find(|(release, _)| **release == worker.release) {
@@ -183,7 +212,7 @@ pub fn print_rollout(workers: &[WorkerInfo], recorded: Option<&str>, as_json: bo
                 })
             })
             .collect();
-        let _ = writeln!(out, "{}", json!({"handler": recorded, "releases": list}));
+        let _ = writeln!(out, "{}", json!({"handler": recorded, "releases": list, "refused": refused}));
         return;
     }
     let _ = writeln!(out, "{:<32} {:>5} {:>7} {:>6}", "RELEASE", "HOSTS", "WORKERS", "JOBS");
@@ -205,6 +234,9 @@ pub fn print_rollout(workers: &[WorkerInfo], recorded: Option<&str>, as_json: bo
     };
     let _ = writeln!(out, "\n{state}; the pool's handler: {}\n", recorded.unwrap_or("none recorded"));
     print_workers_to(&mut out, workers);
+    for release in refused {
+        let _ = writeln!(out, "\nrefused {}: {}", release.digest, release.reason);
+    }
 }
 
 pub fn print_nodes(nodes: &[pulse_pool::NodeInfo], as_json: bool) {

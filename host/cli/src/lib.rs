@@ -2,8 +2,15 @@
 //! pool workers. The `pulse-host` binary is its command line; the
 //! benchmark program runs the same code, so its figures are the host's.
 
+// A reload's future nests the upgrade gate's in the worker replacements':
+// computing its layout goes deeper than the default limit of 128.
+#![recursion_limit = "256"]
+
 mod adapter;
 pub mod defaults;
+mod gate;
 mod reload;
 pub mod run;
 mod serve;
+
+pub use serve::digest;

@@ -150,10 +150,15 @@ enum Command {
     },
     /// Shows which releases (digest and version) of its plugin a pool's
     /// workers run, on which hosts, with how many jobs: the progress of a
-    /// rolling upgrade.
+    /// rolling upgrade; and the releases the pool refuses (their upgrade
+    /// gate failed), with why.
     Rollout {
         #[arg(long)]
         pool: String,
+        /// Clears the pool's refusal of a release (its digest,
+        /// `sha256:<hex>`, or `all`): hosts bringing it try it again.
+        #[arg(long, value_name = "DIGEST")]
+        clear: Option<String>,
         #[arg(long)]
         json: bool,
     },
@@ -290,7 +295,8 @@ async fn client_command(
 ) -> anyhow::Result<ExitCode> {
     let pool = match &command {
         Command::Events { pool, follow, json } => return client::events(client, pool, *follow, *json).await,
-        // Read-only: a view of the pool, which does not join it.
+        // A view of the pool, which does not join it (all read, but
+        // `rollout --clear`).
         Command::Status { pool, .. }
         | Command::Jobs { pool, .. }
         | Command::Workers { pool, .. }
@@ -331,7 +337,7 @@ fn finish(result: anyhow::Result<(u8, String)>) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::from(code))
 }
 
-/// The read-only commands.
+/// The commands answered from a view of the pool.
 async fn read(view: &pulse_pool::PoolView, command: Command) -> anyhow::Result<(u8, String)> {
     Ok(match command {
         Command::Status { key, json, .. } => match view.status(&key).await? {
@@ -361,8 +367,10 @@ async fn read(view: &pulse_pool::PoolView, command: Command) -> anyhow::Result<(
             client::print_nodes(&view.nodes().await?, json);
             (exit::OK, String::new())
         }
+        Command::Rollout { clear: Some(digest), .. } => client::clear_refused(view, &digest).await?,
         Command::Rollout { json, .. } => {
-            client::print_rollout(&view.workers().await?, view.handler().await?.as_deref(), json);
+            let refused = view.refused_releases().await?;
+            client::print_rollout(&view.workers().await?, view.handler().await?.as_deref(), &refused, json);
             (exit::OK, String::new())
         }
         _ => unreachable!("only read-only commands come here"),

@@ -10,7 +10,11 @@
 //! - a new file or a changed section: each worker of the plugin is
 //!   replaced by one running the new load, one at a time
 //!   ([`pulse_pool::Node::replace_worker`]): the old worker's jobs move
-//!   once, to its heir, with their saved state, and no other job moves;
+//!   once, to its heir, with their saved state, and no other job moves.
+//!   Each heir is judged by the upgrade gate (`gate`) before the next
+//!   worker is replaced; a release that fails it is undone (the heirs are
+//!   replaced back by the release they replaced, which keeps its loaded
+//!   component until then) and the pool records it as refused;
 //! - only `workers` changed: workers are added or leave;
 //! - a plugin gone from the file: its workers leave (their jobs move to
 //!   the pool's other hosts, or wait); a new one: its pool is joined.
@@ -28,8 +32,11 @@ use pulse_config::{Config, PluginConfig};
 use pulse_pool::Node;
 
 use crate::adapter::WasmHandler;
+use crate::gate::{Gate, Record, Verdict};
+use crate::run::Signals;
 use crate::serve::{
-    Component, Host, LoadedPlugin, LoadedProducer, Served, check_claim, load_plugin, load_producer,
+    Component, Host, LoadedPlugin, LoadedProducer, Served, ServedWorker, check_claim, load_plugin,
+    load_producer,
 };
 
 /// What a reload changed.
@@ -37,6 +44,8 @@ use crate::serve::{
 pub(crate) struct Summary {
     /// Plugins whose workers were replaced by a new load.
     upgraded: Vec<String>,
+    /// Plugins whose new release failed its gate and was undone.
+    undone: Vec<String>,
     /// Plugins whose number of workers changed.
     resized: Vec<String>,
     added: Vec<String>,
@@ -49,6 +58,7 @@ impl fmt::Display for Summary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let parts = [
             ("upgraded", &self.upgraded),
+            ("undone (the new release failed its upgrade gate)", &self.undone),
             ("resized", &self.resized),
             ("added", &self.added),
             ("removed", &self.removed),
@@ -74,6 +84,39 @@ impl fmt::Display for Summary {
     }
 }
 
+/// Why a reload did not do all it was asked.
+#[derive(Debug)]
+pub(crate) enum ReloadError {
+    /// Refused while checking: nothing was changed.
+    Refused(anyhow::Error),
+    /// Failed part way (Redis): what changed before stays changed.
+    Failed(anyhow::Error),
+}
+
+impl fmt::Display for ReloadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReloadError::Refused(error) => {
+                write!(f, "reload refused, still serving the configuration loaded before: {error:#}")
+            }
+            ReloadError::Failed(error) => write!(
+                f,
+                "reload failed part way; what it changed before stays changed (`pulse-host workers` shows what runs): {error:#}"
+            ),
+        }
+    }
+}
+
+/// How a plugin's upgrade ended.
+enum Upgraded {
+    /// Every worker runs the new release.
+    Done,
+    /// The new release failed its gate and was undone.
+    Undone,
+    /// The host was asked to leave meanwhile.
+    Interrupted,
+}
+
 /// What to do with one `[[plugin]]` of the new file (the served plugin it
 /// changes is the one of its pool).
 enum Change {
@@ -92,7 +135,21 @@ impl Host<'_> {
     /// # Errors
     /// What refused the reload: nothing was changed then. A failure while
     /// changing workers (Redis) stops the reload where it was.
-    pub(crate) async fn reload(&mut self) -> anyhow::Result<Summary> {
+    pub(crate) async fn reload(&mut self, signals: &mut Signals) -> Result<Summary, ReloadError> {
+        let (new, changes, producers, token) = self.prepare().await.map_err(ReloadError::Refused)?;
+        self.apply(new, changes, producers, token, signals).await.map_err(ReloadError::Failed)
+    }
+
+    /// Reads and checks everything a reload needs, changing nothing.
+    #[allow(clippy::type_complexity, reason = "one private step of `reload`")]
+    async fn prepare(
+        &self,
+    ) -> anyhow::Result<(
+        Config,
+        Vec<Change>,
+        Vec<Option<LoadedProducer>>,
+        Option<Option<pulse_config::Secret>>,
+    )> {
         let new = crate::defaults::load_config(&self.config.path)?;
         self.warn_of_restart_only(&new);
         // Check and load everything first: nothing changes unless all of
@@ -134,7 +191,18 @@ impl Host<'_> {
             Some(http) => Some(crate::run::http_token(http)?),
             None => None,
         };
+        Ok((new, changes, producers, token))
+    }
 
+    /// Makes the changes `prepare` checked.
+    async fn apply(
+        &mut self,
+        new: Config,
+        changes: Vec<Change>,
+        producers: Vec<Option<LoadedProducer>>,
+        token: Option<Option<pulse_config::Secret>>,
+        signals: &mut Signals,
+    ) -> anyhow::Result<Summary> {
         let mut summary = Summary::default();
         // Schedules that end, change or lose their node stop first.
         let before = self.schedules.len();
@@ -166,8 +234,15 @@ impl Host<'_> {
                     }
                 }
                 Change::Upgrade(config, loaded, record) => {
-                    summary.upgraded.push(config.name.clone());
-                    self.upgrade(config, loaded, record).await?;
+                    let name = config.name.clone();
+                    match self.upgrade(config, loaded, record, signals).await? {
+                        Upgraded::Done => summary.upgraded.push(name),
+                        Upgraded::Undone => summary.undone.push(name),
+                        Upgraded::Interrupted => {
+                            self.leave_requested = true;
+                            return Ok(summary);
+                        }
+                    }
                 }
                 Change::Add(config, loaded) => {
                     summary.added.push(config.name.clone());
@@ -199,28 +274,99 @@ impl Host<'_> {
     }
 
     /// Replaces each worker of `config`'s plugin, one at a time, by one
-    /// running `loaded`; then adds or removes workers to `config`'s
-    /// number. The list of workers stays true if a replacement fails.
+    /// running `loaded`, each judged by the upgrade gate before the next
+    /// is replaced; then adds or removes workers to `config`'s number. A
+    /// release that fails its gate is undone (see `undo`). The list of
+    /// workers stays true if a replacement fails.
     async fn upgrade(
         &mut self,
         config: PluginConfig,
         loaded: LoadedPlugin,
-        record: Option<String>,
-    ) -> anyhow::Result<()> {
+        claim: Option<String>,
+        signals: &mut Signals,
+    ) -> anyhow::Result<Upgraded> {
         let served = self.served_mut(&config.pool);
-        if let Some(identity) = record {
-            crate::serve::record_claim(&served.node, &config, &identity).await?;
+        if let Some(identity) = &claim {
+            crate::serve::record_claim(&served.node, &config, identity).await?;
         }
-        tracing::info!(pool = %config.pool, plugin = %config.name, from = %served.loaded.release, to = %loaded.release, "replacing the plugin's workers one at a time");
+        let gate =
+            Gate { window: config.upgrade_window, max_failed_percent: config.upgrade_max_failed_percent };
+        tracing::info!(pool = %config.pool, plugin = %config.name, from = %served.loaded.release, to = %loaded.release, window = ?gate.window, "replacing the plugin's workers one at a time, each judged by the upgrade gate");
         let options = crate::serve::worker_options(&config, &loaded.release);
-        for worker in &mut served.workers {
-            let handler = WasmHandler::new(&loaded.plugin);
-            let heir = served.node.replace_worker(worker, handler, options.clone()).await?;
-            tracing::info!(pool = %config.pool, worker = %heir, replaced = %worker, release = %loaded.release, "worker replaced");
-            *worker = heir;
+        for at in 0..served.workers.len() {
+            let judged = !gate.window.is_zero();
+            let record = Arc::new(if judged { Record::on_trial() } else { Record::default() });
+            let handler = WasmHandler::new(&loaded.plugin, record.clone());
+            let old = &served.workers[at];
+            let heir = served.node.replace_worker(&old.id, handler, options.clone()).await?;
+            tracing::info!(pool = %config.pool, worker = %heir, replaced = %old.id, release = %loaded.release, "worker replaced");
+            let before = old.record.figures();
+            served.workers[at] = ServedWorker { id: heir.clone(), record: record.clone() };
+            if !judged {
+                continue;
+            }
+            let trial = crate::gate::TrialMetrics::start(&config.pool);
+            let verdict = gate.judge(&record, before, signals.interrupted()).await;
+            trial.verdict(&verdict, record.held_count());
+            match verdict {
+                Verdict::Passed(figures) => {
+                    record.fail_held().await;
+                    tracing::info!(pool = %config.pool, worker = %heir, release = %loaded.release, %figures, "the new release passed the upgrade gate");
+                }
+                Verdict::Interrupted => {
+                    tracing::warn!(pool = %config.pool, release = %loaded.release, "asked to leave during the upgrade: the rollout stops here");
+                    return Ok(Upgraded::Interrupted);
+                }
+                Verdict::Failed(why) => {
+                    tracing::error!(pool = %config.pool, worker = %heir, release = %loaded.release, "the new release failed the upgrade gate; undoing it: {why}");
+                    self.undo(&config, &loaded, at + 1, &why, claim.is_some()).await?;
+                    return Ok(Upgraded::Undone);
+                }
+            }
         }
         served.loaded = loaded;
         self.resize(config).await?;
+        Ok(Upgraded::Done)
+    }
+
+    /// Undoes release `new` of `config`'s plugin, which failed its gate on
+    /// the first `replaced` workers: the pool records it as refused (so no
+    /// host tries it again), the recorded handler goes back to the served
+    /// release when `recorded` says the upgrade changed it, and each of
+    /// those workers is replaced back by one running the served release.
+    /// Their jobs move once more, with the state they saved and the events
+    /// sent to them; the jobs the new release failed were held (see
+    /// `gate`), so they start again here, with no attempt counted.
+    async fn undo(
+        &mut self,
+        config: &PluginConfig,
+        new: &LoadedPlugin,
+        replaced: usize,
+        why: &str,
+        recorded: bool,
+    ) -> anyhow::Result<()> {
+        let host = self.options.identity.host.clone();
+        let served = self.served_mut(&config.pool);
+        let reason = format!(
+            "release {} of plugin {:?} failed the upgrade gate on host {host} (node {}): {why}",
+            new.release,
+            config.name,
+            served.node.id()
+        );
+        served.node.refuse_release(&new.release.digest, &reason).await?;
+        if recorded {
+            let identity = crate::serve::identity(&served.config, &served.loaded.release);
+            served.node.record_handler(&identity).await?;
+        }
+        let options = crate::serve::worker_options(&served.config, &served.loaded.release);
+        for worker in &mut served.workers[..replaced] {
+            let record = Arc::new(Record::default());
+            let handler = WasmHandler::new(&served.loaded.plugin, record.clone());
+            let heir = served.node.replace_worker(&worker.id, handler, options.clone()).await?;
+            tracing::info!(pool = %config.pool, worker = %heir, replaced = %worker.id, release = %served.loaded.release, "worker replaced back");
+            *worker = ServedWorker { id: heir, record };
+        }
+        tracing::warn!(pool = %config.pool, release = %new.release, refused = %new.release.digest, "release undone and refused for the pool; the workers run {} again", served.loaded.release);
         Ok(())
     }
 
@@ -253,8 +399,8 @@ impl Host<'_> {
         }
         while served.workers.len() > wanted {
             let worker = served.workers.pop().expect("more than wanted");
-            served.node.remove_worker(&worker).await?;
-            tracing::info!(pool = %served.config.pool, worker, "worker removed");
+            served.node.remove_worker(&worker.id).await?;
+            tracing::info!(pool = %served.config.pool, worker = %worker.id, "worker removed");
         }
         Ok(changed)
     }

@@ -276,12 +276,13 @@ async fn serve(
         };
         match signal {
             Signal::Leave => break true,
-            Signal::Reload => match host.reload().await {
+            Signal::Reload => match host.reload(&mut signals).await {
                 Ok(summary) => tracing::info!(%summary, "reloaded {}", host.config.path.display()),
-                Err(error) => tracing::error!(
-                    "reload refused, still serving the configuration loaded before: {error:#}"
-                ),
+                Err(error) => tracing::error!("{error}"),
             },
+        }
+        if host.leave_requested {
+            break true;
         }
     };
     if let Some(api) = api {
@@ -309,7 +310,7 @@ enum Signal {
 
 /// The signals a running host answers, listened to for its whole life so
 /// none is missed between two waits.
-struct Signals {
+pub(crate) struct Signals {
     interrupt: tokio::signal::unix::Signal,
     terminate: tokio::signal::unix::Signal,
     hangup: tokio::signal::unix::Signal,
@@ -331,6 +332,17 @@ impl Signals {
             _ = self.interrupt.recv() => Signal::Leave,
             _ = self.terminate.recv() => Signal::Leave,
             _ = self.hangup.recv() => Signal::Reload,
+        }
+    }
+
+    /// The next SIGINT or SIGTERM, during a reload (another SIGHUP then is
+    /// ignored).
+    pub(crate) async fn interrupted(&mut self) {
+        loop {
+            if let Signal::Leave = self.next().await {
+                return;
+            }
+            tracing::warn!("SIGHUP during a reload: ignored (send it again once the reload is done)");
         }
     }
 

@@ -11,6 +11,7 @@ use pulse_pool::{Node, NodeOptions, Release, WorkerOptions};
 use pulse_runtime::Runtime;
 
 use crate::adapter::{WasmHandler, WasmProducer};
+use crate::gate::Record;
 use crate::run::{plugin_options, producer_options};
 
 /// A plugin loaded from its file, with the release its workers announce.
@@ -31,7 +32,13 @@ pub(crate) struct Served {
     pub(crate) loaded: LoadedPlugin,
     pub(crate) node: Arc<Node>,
     /// Its workers on this host, in the order they joined.
-    pub(crate) workers: Vec<String>,
+    pub(crate) workers: Vec<ServedWorker>,
+}
+
+/// One worker of a served plugin: its id, and what its plugin did.
+pub(crate) struct ServedWorker {
+    pub(crate) id: String,
+    pub(crate) record: Arc<Record>,
 }
 
 /// One `[[schedule]]` running on this host (it ends when dropped).
@@ -57,10 +64,14 @@ pub(crate) struct Host<'a> {
     /// serving them.
     pub(crate) clients: Vec<Arc<Node>>,
     pub(crate) schedules: Vec<Scheduled>,
+    /// A signal asked the host to leave during a reload (which stopped
+    /// there).
+    pub(crate) leave_requested: bool,
 }
 
-/// `sha256:<hex>` of `bytes`.
-pub(crate) fn digest(bytes: &[u8]) -> String {
+/// `sha256:<hex>` of `bytes`: a component's digest, as pools record
+/// releases.
+pub fn digest(bytes: &[u8]) -> String {
     use sha2::Digest as _;
     let hex: String = sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect();
     format!("sha256:{hex}")
@@ -133,7 +144,7 @@ fn blocking<T>(f: impl FnOnce() -> T) -> T {
 }
 
 /// What a pool records as its handler: the plugin's name and digest.
-fn identity(config: &PluginConfig, release: &Release) -> String {
+pub(crate) fn identity(config: &PluginConfig, release: &Release) -> String {
     let hex = release.digest.strip_prefix("sha256:").unwrap_or(&release.digest);
     format!("{:?} (sha256 {hex})", config.name)
 }
@@ -148,6 +159,16 @@ pub(crate) async fn check_claim(
     config: &PluginConfig,
     release: &Release,
 ) -> anyhow::Result<Option<String>> {
+    if let Some(reason) = node.refused_release(&release.digest).await? {
+        anyhow::bail!(
+            "pool {:?} refuses release {release} of plugin {:?}: {reason} (after fixing the release, \
+             `pulse-host rollout --pool {} --clear {}` lets hosts try it again)",
+            config.pool,
+            config.name,
+            config.pool,
+            release.digest
+        );
+    }
     let identity = identity(config, release);
     let Some(recorded) = node.claim_handler(&identity).await? else {
         return Ok(None);
@@ -200,6 +221,7 @@ impl<'a> Host<'a> {
             served: Vec::new(),
             clients: Vec::new(),
             schedules: Vec::new(),
+            leave_requested: false,
         };
         let started = async {
             for (plugin_config, loaded) in config.plugins.iter().zip(plugins) {
@@ -310,9 +332,11 @@ impl Served {
     /// Adds a worker of the plugin as loaded now.
     pub(crate) async fn add_worker(&mut self) -> anyhow::Result<()> {
         let options = worker_options(&self.config, &self.loaded.release);
-        let worker = self.node.add_worker_with(WasmHandler::new(&self.loaded.plugin), options).await?;
-        tracing::info!(pool = %self.config.pool, plugin = %self.config.name, worker, release = %self.loaded.release, "worker added");
-        self.workers.push(worker);
+        let record = Arc::new(Record::default());
+        let handler = WasmHandler::new(&self.loaded.plugin, record.clone());
+        let id = self.node.add_worker_with(handler, options).await?;
+        tracing::info!(pool = %self.config.pool, plugin = %self.config.name, worker = %id, release = %self.loaded.release, "worker added");
+        self.workers.push(ServedWorker { id, record });
         Ok(())
     }
 }

@@ -130,6 +130,24 @@ const METRICS: &[(&str, Kind, Option<metrics::Unit>, &str)] = {
             None,
             "Outgoing HTTP requests of a plugin denied or cancelled",
         ),
+        (
+            "pulse_rollout_trial",
+            Gauge,
+            None,
+            "1 while a new release of the pool's plugin is on trial on this host",
+        ),
+        (
+            "pulse_rollout_verdicts_total",
+            Counter,
+            None,
+            "Upgrade gate verdicts on a new release's workers here (passed, failed, interrupted)",
+        ),
+        (
+            "pulse_rollout_held_jobs_total",
+            Counter,
+            None,
+            "Jobs a release on trial failed, held rather than failed (they move back if it is undone)",
+        ),
     ]
 };
 
@@ -248,6 +266,7 @@ mod tests {
         let mut sources = recorded(render.expect("this file has `render`"));
         sources.extend(recorded(include_str!("../../pool/src/metrics.rs")));
         sources.extend(recorded(include_str!("../../runtime/src/metrics.rs")));
+        sources.extend(recorded(include_str!("../../cli/src/gate.rs")));
         assert_eq!(sources, exported, "METRICS (right) differs from what the host records (left)");
         let documented = documented(include_str!("../../../docs/http.md"));
         let missing: Vec<_> = exported.difference(&documented).collect();

@@ -22,6 +22,7 @@ mod check;
 mod clients;
 mod docs;
 mod exposure;
+mod gate;
 mod hosting;
 mod http;
 mod languages;

@@ -20,26 +20,26 @@ const LATE_JOBS: usize = 100;
 
 /// Puts `plugin`'s build at `to` the way a deployment would: written
 /// beside it, then renamed over it.
-fn install(plugin: &str, to: &Path) {
+pub(crate) fn install(plugin: &str, to: &Path) {
     let staged = to.with_extension("new");
     std::fs::copy(path(plugin), &staged).unwrap();
     std::fs::rename(&staged, to).unwrap();
 }
 
-fn sha256(file: &Path) -> String {
+pub(crate) fn sha256(file: &Path) -> String {
     use sha2::Digest as _;
     let hex: String =
         sha2::Sha256::digest(std::fs::read(file).unwrap()).iter().map(|b| format!("{b:02x}")).collect();
     format!("sha256:{hex}")
 }
 
-fn hang_up(host: &Host) {
+pub(crate) fn hang_up(host: &Host) {
     let status = Command::new("kill").args(["-HUP", &host.child.id().to_string()]).status().unwrap();
     assert!(status.success());
 }
 
 /// `rollout --json`: each release's digest with its worker count.
-fn releases(config: &Path, redis: Option<&str>) -> Vec<(String, usize)> {
+pub(crate) fn releases(config: &Path, redis: Option<&str>) -> Vec<(String, usize)> {
     let (code, out) = cli(config, redis, &["rollout", "--pool", "count", "--json"]);
     assert_eq!(code, 0, "{out}");
     let rollout: serde_json::Value = serde_json::from_str(&out).unwrap();
@@ -54,7 +54,7 @@ fn releases(config: &Path, redis: Option<&str>) -> Vec<(String, usize)> {
 }
 
 /// What each job emitted, in order: (release 2?, count).
-fn emitted(config: &Path, redis: Option<&str>) -> HashMap<String, Vec<(bool, u64)>> {
+pub(crate) fn emitted(config: &Path, redis: Option<&str>) -> HashMap<String, Vec<(bool, u64)>> {
     let parse = |payload: &String| {
         let (v2, count) = match payload.strip_prefix("v2 ") {
             Some(count) => (true, count),
@@ -67,7 +67,7 @@ fn emitted(config: &Path, redis: Option<&str>) -> HashMap<String, Vec<(bool, u64
 }
 
 /// Dispatches `keys` with `dispatch --from-file`; every one must start.
-fn dispatch_all(config: &Path, redis: Option<&str>, dir: &Path, name: &str, keys: &[String]) {
+pub(crate) fn dispatch_all(config: &Path, redis: Option<&str>, dir: &Path, name: &str, keys: &[String]) {
     let file = dir.join(name);
     let lines: Vec<String> = keys.iter().map(|key| format!("{{\"key\": \"{key}\"}}")).collect();
     std::fs::write(&file, lines.join("\n")).unwrap();
@@ -80,7 +80,7 @@ fn dispatch_all(config: &Path, redis: Option<&str>, dir: &Path, name: &str, keys
 
 /// Each job's `start` and `stop` calls from the hosts' logs: (time, host,
 /// started?), by key, in time order.
-fn calls(logs: &[&Path]) -> HashMap<String, Vec<(String, usize, bool)>> {
+pub(crate) fn calls(logs: &[&Path]) -> HashMap<String, Vec<(String, usize, bool)>> {
     let mut by_job: HashMap<String, Vec<(String, usize, bool)>> = HashMap::new();
     for (host, log) in logs.iter().enumerate() {
         for line in std::fs::read_to_string(log).unwrap().lines() {
@@ -112,7 +112,8 @@ fn a_new_release_rolls_through_two_hosts_on_sighup_and_every_job_goes_on_from_it
     std::fs::write(
         &config,
         format!(
-            "[[plugin]]\nname = \"count\"\npath = {:?}\nworkers = 2\n[plugin.settings]\ninterval-ms = \"300\"\n",
+            "[[plugin]]\nname = \"count\"\npath = {:?}\nworkers = 2\nupgrade_window = \"2s\"\n\
+             [plugin.settings]\ninterval-ms = \"300\"\n",
             plugin.display().to_string()
         ),
     )
@@ -216,7 +217,16 @@ async fn a_reload_adds_and_removes_plugins_workers_and_schedules_and_sets_a_new_
     let redis = server.url();
     let dir = tempfile::tempdir().unwrap();
     let write = |plugins: &[(&str, &str, &str)], extra: &str| {
-        write_config(dir.path(), plugins, &format!("[http]\nlisten = \"127.0.0.1:0\"\n{extra}"))
+        // Not judged by the upgrade gate: this test is about what a
+        // reload changes (the gate has tests of its own).
+        let more: Vec<String> =
+            plugins.iter().map(|(_, _, more)| format!("{more}\nupgrade_window = \"0s\"")).collect();
+        let plugins: Vec<(&str, &str, &str)> = plugins
+            .iter()
+            .zip(&more)
+            .map(|((name, plugin, _), more)| (*name, *plugin, more.as_str()))
+            .collect();
+        write_config(dir.path(), &plugins, &format!("[http]\nlisten = \"127.0.0.1:0\"\n{extra}"))
     };
     let config = write(&[("echo", ECHO, "")], "");
     let served = Served::start(&config, redis, None).await;
