@@ -10,6 +10,15 @@
 //! rollout (`total_ms`), job moves per job (from the hosts'
 //! `pulse_moved_jobs_total`; target ≤ 1: each job moves once, when its
 //! worker is replaced), and jobs lost (the pool's running count after).
+//! Each new worker is judged by the upgrade gate for `GATE_WINDOW`.
+//!
+//! Then a bad release (`counter-broken`, version 3: it fails the start of
+//! every job with saved state) is put on the first host, which gets
+//! SIGHUP: its canary fails the gate and the release is undone. The
+//! `bad-release` line reports the time from the SIGHUP until every worker
+//! runs version 2 again with every job running (`recovered_ms`), the jobs
+//! failed at the end (target 0), and moves: per job of the canary (target
+//! 2: there and back) and of the others (target 0).
 
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -28,6 +37,8 @@ const HOSTS: usize = 2;
 const WORKERS_PER_HOST: usize = 2;
 /// How long one host's reload may take before the scenario gives up.
 const PATIENCE: Duration = Duration::from_secs(120);
+/// `upgrade_window` of the plugin: each new worker's trial.
+const GATE_WINDOW: &str = "2s";
 
 pub fn run(args: &Args) -> BenchResult {
     let jobs = args.jobs.unwrap_or(if args.quick { 100 } else { 1_000 });
@@ -42,7 +53,7 @@ pub fn run(args: &Args) -> BenchResult {
             let config = format!(
                 "[http]\nlisten = \"{api}\"\n\n[runtime]\nmax_instances = {instances}\n\n\
                  [[plugin]]\nname = \"counter\"\npath = {path:?}\npool = \"{POOL}\"\nworkers = {WORKERS_PER_HOST}\n\
-                 version = \"{version}\"\n[plugin.settings]\ninterval-ms = \"1000\"\n",
+                 version = \"{version}\"\nupgrade_window = \"{GATE_WINDOW}\"\n[plugin.settings]\ninterval-ms = \"1000\"\n",
                 instances = jobs + 64,
                 path = plugin.display().to_string(),
             );
@@ -86,13 +97,73 @@ pub fn run(args: &Args) -> BenchResult {
             .field("moves_per_job", format!("{:.2}", moved as f64 / jobs as f64))
             .field("lost", jobs as u64 - counts.running.min(jobs as u64))
             .field("failed", counts.failed)
+            .field("gate_window", GATE_WINDOW)
             .print();
+        bad_release(&node, &hosts[0], &apis, dir.path(), &plugin, &write_configs, jobs).await?;
         node.shutdown(Duration::from_secs(120)).await?;
         node.close().await;
         Ok::<_, Box<dyn std::error::Error>>(())
     });
     end_processes(hosts, &result);
     result
+}
+
+/// The bad release on the first host (see the module's documentation).
+async fn bad_release(
+    node: &Node,
+    host: &Child,
+    apis: &[std::net::SocketAddr],
+    dir: &std::path::Path,
+    plugin: &std::path::Path,
+    write_configs: &dyn Fn(&str) -> BenchResult,
+    jobs: usize,
+) -> BenchResult {
+    let before = node.workers().await?;
+    let moved_before = moved_jobs(apis).await?;
+    let broken = crate::runtime::plugin_path("counter_broken")?;
+    let digest = pulse_host::digest(&std::fs::read(&broken)?);
+    std::fs::copy(broken, dir.join("counter.new"))?;
+    std::fs::rename(dir.join("counter.new"), plugin)?;
+    write_configs("3")?;
+    let started = Instant::now();
+    hang_up(host)?;
+    let deadline = started + PATIENCE;
+    loop {
+        let workers = node.workers().await?;
+        let counts = node.job_counts().await?;
+        let back =
+            workers.len() == HOSTS * WORKERS_PER_HOST && workers.iter().all(|w| w.release.version == "2");
+        if back && counts.running == jobs as u64 && node.refused_release(&digest).await?.is_some() {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err(format!("the bad release was not undone within {PATIENCE:?}").into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let recovered = started.elapsed();
+    let after = node.workers().await?;
+    // The canary's worker is the one replaced (there and back).
+    let canary_jobs: u64 =
+        before.iter().filter(|w| !after.iter().any(|a| a.id == w.id)).map(|w| w.jobs).sum();
+    let moved = moved_jobs(apis).await? - moved_before;
+    let counts = node.job_counts().await?;
+    report::Result::new("bad-release")
+        .field("jobs", jobs)
+        .millis("recovered_ms", recovered)
+        .field("failed", counts.failed)
+        .field("canary_jobs", canary_jobs)
+        .field("moves", moved)
+        .field("moves_per_canary_job", format!("{:.2}", moved as f64 / canary_jobs.max(1) as f64))
+        .field(
+            "moves_per_other_job",
+            format!(
+                "{:.2}",
+                moved.saturating_sub(2 * canary_jobs) as f64 / (jobs as u64 - canary_jobs).max(1) as f64
+            ),
+        )
+        .print();
+    Ok(())
 }
 
 fn hang_up(host: &Child) -> BenchResult {

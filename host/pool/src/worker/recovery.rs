@@ -43,6 +43,7 @@ impl<H: JobHandler> Worker<H> {
                     }
                 }
                 self.retry_at.clear();
+                self.core.metrics.moved_jobs.increment(unstarted.len() as u64);
                 self.assign_all(unstarted).await;
                 done
             }
