@@ -33,6 +33,9 @@ pub(crate) struct PoolKeys {
     /// Releases the pool refuses (a host's upgrade gate failed them):
     /// digest -> why, in words.
     pub(crate) refused: String,
+    /// The release announced for the whole pool (`rollout --start`), with
+    /// its state, whose turn it is and each host's outcome.
+    pub(crate) rollout: String,
     /// Worker leases: worker -> deadline, ms of Redis time.
     pub(crate) leases: String,
     /// The pool epoch: random, set once; another value (or none) means
@@ -80,6 +83,7 @@ impl PoolKeys {
             events_bytes_earlier: key("events-bytes"),
             handler: key("handler"),
             refused: key("refused"),
+            rollout: key("rollout"),
             leases: key("leases"),
             epoch: key("epoch"),
             shutdown: key("shutdown"),

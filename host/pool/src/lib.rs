@@ -57,7 +57,9 @@ pub use emitted::{Emitted, EmittedEvents, Followed, Following};
 pub use error::{Error, Result};
 pub use job::{DispatchOutcome, EventOutcome, HandlerError, Job, JobHandler, JobInfo, JobState};
 pub use keys::group_tag;
-pub use node::{JobCounts, Node, NodeInfo, PoolView, RefusedRelease, WorkerInfo};
+pub use node::{
+    JobCounts, Node, NodeInfo, PoolView, RefusedRelease, Rollout, RolloutOutcome, RolloutState, WorkerInfo,
+};
 pub use options::{Identity, NodeOptions, Release, WorkerOptions};
 pub use schedule::{Applied, JobProducer, Plan, ProducerError, Schedule};
 pub use ticker::{Tick, Ticker};

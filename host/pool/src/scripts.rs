@@ -40,6 +40,7 @@ script!(EVICT, "evict.lua");
 script!(REASSERT, "reassert.lua");
 script!(TICK, "tick.lua");
 script!(COUNTS, "counts.lua");
+script!(ROLLOUT, "rollout.lua");
 
 /// `script` as a command of its own (`EVALSHA`), with `keys`; the caller
 /// adds the arguments. For a pipeline of many calls: sent with

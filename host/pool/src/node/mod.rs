@@ -11,6 +11,7 @@
 //! - `upkeep`: the full node's task: lease renewals, the janitor.
 //! - `listing`: jobs, workers, status, and the Redis reads behind them.
 //! - `releases`: the releases the pool refuses.
+//! - `rollout`: a release announced for the whole pool.
 //! - `view`: [`PoolView`], the same listings without joining.
 
 mod batch;
@@ -19,6 +20,7 @@ mod dispatch;
 mod listing;
 mod membership;
 mod releases;
+mod rollout;
 mod upkeep;
 mod view;
 
@@ -37,6 +39,7 @@ use crate::worker::WorkerHandle;
 
 pub use listing::{JobCounts, NodeInfo, WorkerInfo};
 pub use releases::RefusedRelease;
+pub use rollout::{Rollout, RolloutOutcome, RolloutState};
 pub use view::PoolView;
 
 /// The workers a node hosts, by id.

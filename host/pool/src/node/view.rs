@@ -50,6 +50,11 @@ impl PoolView {
         Ok(Self { conn, groups, slot_count })
     }
 
+    /// The pool's name.
+    pub fn pool(&self) -> &str {
+        &self.keys().pool
+    }
+
     /// The pool's slot groups (1 for a pool that does not exist).
     pub fn slot_groups(&self) -> u32 {
         u32::try_from(self.groups.len()).unwrap_or(1)
