@@ -7,7 +7,8 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use pulse_pool::{
-    DispatchOutcome, EventOutcome, JobInfo, Node, NodeOptions, PoolView, RefusedRelease, WorkerInfo,
+    DispatchOutcome, EventOutcome, JobInfo, Node, NodeOptions, PoolView, RefusedRelease, Rollout,
+    RolloutState, WorkerInfo,
 };
 use pulse_pool::{Emitted, EmittedEvents, Followed};
 use serde_json::json;
@@ -179,9 +180,51 @@ fn is_digest(text: &str) -> bool {
         .is_some_and(|hex| hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
+/// `rollout --start FILE [--version V]`.
+pub async fn start_rollout(
+    view: &PoolView,
+    file: &std::path::Path,
+    version: &str,
+) -> anyhow::Result<(u8, String)> {
+    let path = std::fs::canonicalize(file).with_context(|| format!("failed to read {}", file.display()))?;
+    let bytes = std::fs::read(&path).with_context(|| format!("failed to read {}", path.display()))?;
+    let digest = pulse_host::digest(&bytes);
+    if version.contains('|') {
+        anyhow::bail!("--version may not hold `|`, got {version:?}");
+    }
+    if let Some(why) = view.refused_releases().await?.into_iter().find(|r| r.digest == digest) {
+        anyhow::bail!(
+            "the pool refuses {digest}: {} (clear it with `rollout --pool {} --clear {digest}` once fixed)",
+            why.reason,
+            view.pool()
+        );
+    }
+    let path = path.to_str().context("the file's path is not UTF-8")?;
+    view.announce_rollout(&digest, version, path).await?;
+    Ok((
+        exit::OK,
+        format!(
+            "announced {digest} ({path}) to pool {}: its hosts take it one at a time; `rollout --pool {}` follows it",
+            view.pool(),
+            view.pool()
+        ),
+    ))
+}
+
+/// `rollout --pause`, `--resume`, `--undo`.
+pub async fn set_rollout(view: &PoolView, state: RolloutState) -> anyhow::Result<(u8, String)> {
+    Ok(match view.set_rollout_state(state).await? {
+        true => (exit::OK, format!("the pool's rollout is {}", state.as_str())),
+        false => {
+            (exit::NOT_FOUND_OR_EXISTS, "the pool has no rollout (start one with --start FILE)".to_owned())
+        }
+    })
+}
+
 pub fn print_rollout(
     workers: &[WorkerInfo],
     recorded: Option<&str>,
+    announced: Option<&Rollout>,
     refused: &[RefusedRelease],
     as_json: bool,
 ) {
@@ -212,7 +255,11 @@ pub fn print_rollout(
                 })
             })
             .collect();
-        let _ = writeln!(out, "{}", json!({"handler": recorded, "releases": list, "refused": refused}));
+        let _ = writeln!(
+            out,
+            "{}",
+            json!({"handler": recorded, "releases": list, "rollout": announced, "refused": refused})
+        );
         return;
     }
     let _ = writeln!(out, "{:<32} {:>5} {:>7} {:>6}", "RELEASE", "HOSTS", "WORKERS", "JOBS");
@@ -233,6 +280,21 @@ pub fn print_rollout(
         n => format!("rolling: workers run {n} releases"),
     };
     let _ = writeln!(out, "\n{state}; the pool's handler: {}\n", recorded.unwrap_or("none recorded"));
+    if let Some(rollout) = announced {
+        let hosts: Vec<String> =
+            rollout.hosts.iter().map(|(node, outcome)| format!("{node} {outcome}")).collect();
+        let _ = writeln!(
+            out,
+            "rollout of {} {} ({}): {}{}{}; hosts: {}\n",
+            rollout.version,
+            rollout.digest,
+            rollout.path,
+            rollout.state.as_str(),
+            rollout.turn.as_ref().map(|node| format!(", {node}'s turn")).unwrap_or_default(),
+            if rollout.reason.is_empty() { String::new() } else { format!(": {}", rollout.reason) },
+            if hosts.is_empty() { "none yet".to_owned() } else { hosts.join(", ") },
+        );
+    }
     print_workers_to(&mut out, workers);
     for release in refused {
         let _ = writeln!(out, "\nrefused {}: {}", release.digest, release.reason);

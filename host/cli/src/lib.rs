@@ -10,6 +10,7 @@ mod adapter;
 pub mod defaults;
 mod gate;
 mod reload;
+mod rollout;
 pub mod run;
 mod serve;
 

@@ -23,6 +23,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use pulse_config::Secret;
 use pulse_host::run;
+use pulse_pool::RolloutState;
 
 use crate::client::exit;
 
@@ -155,9 +156,28 @@ enum Command {
     Rollout {
         #[arg(long)]
         pool: String,
+        /// Announces this plugin file as the pool's new release: every
+        /// host serving the pool takes it in turn, one at a time, each
+        /// worker judged by the upgrade gate. The file must be at this
+        /// path on every host.
+        #[arg(long, value_name = "FILE", group = "action")]
+        start: Option<PathBuf>,
+        /// The announced release's version (with --start).
+        #[arg(long, requires = "start")]
+        version: Option<String>,
+        /// Pauses the pool's rollout: no further host takes it.
+        #[arg(long, group = "action")]
+        pause: bool,
+        /// Resumes a paused rollout.
+        #[arg(long, group = "action")]
+        resume: bool,
+        /// Undoes the pool's rollout: hosts that took the release go back
+        /// to the one they ran before.
+        #[arg(long, group = "action")]
+        undo: bool,
         /// Clears the pool's refusal of a release (its digest,
         /// `sha256:<hex>`, or `all`): hosts bringing it try it again.
-        #[arg(long, value_name = "DIGEST")]
+        #[arg(long, value_name = "DIGEST", group = "action")]
         clear: Option<String>,
         #[arg(long)]
         json: bool,
@@ -368,9 +388,17 @@ async fn read(view: &pulse_pool::PoolView, command: Command) -> anyhow::Result<(
             (exit::OK, String::new())
         }
         Command::Rollout { clear: Some(digest), .. } => client::clear_refused(view, &digest).await?,
+        Command::Rollout { start: Some(file), version, .. } => {
+            client::start_rollout(view, &file, version.as_deref().unwrap_or_default()).await?
+        }
+        Command::Rollout { pause: true, .. } => client::set_rollout(view, RolloutState::Paused).await?,
+        Command::Rollout { resume: true, .. } => client::set_rollout(view, RolloutState::Running).await?,
+        Command::Rollout { undo: true, .. } => client::set_rollout(view, RolloutState::Undoing).await?,
         Command::Rollout { json, .. } => {
             let refused = view.refused_releases().await?;
-            client::print_rollout(&view.workers().await?, view.handler().await?.as_deref(), &refused, json);
+            let announced = view.rollout().await?;
+            let (workers, handler) = (view.workers().await?, view.handler().await?);
+            client::print_rollout(&workers, handler.as_deref(), announced.as_ref(), &refused, json);
             (exit::OK, String::new())
         }
         _ => unreachable!("only read-only commands come here"),

@@ -108,7 +108,7 @@ impl fmt::Display for ReloadError {
 }
 
 /// How a plugin's upgrade ended.
-enum Upgraded {
+pub(crate) enum Upgraded {
     /// Every worker runs the new release.
     Done,
     /// The new release failed its gate and was undone.
@@ -158,6 +158,17 @@ impl Host<'_> {
         for config in &new.plugins {
             let file = Component::read(&config.path)?;
             let change = match self.served.iter().find(|served| served.config.pool == config.pool) {
+                Some(served) if served.previous.is_some() && file.digest != served.loaded.release.digest => {
+                    // It runs a release announced for the pool: the file
+                    // of config.toml is not taken over it.
+                    tracing::warn!(pool = %config.pool, runs = %served.loaded.release, file = %config.path.display(), "this host runs the release announced for the pool (`pulse-host rollout`); config.toml's file differs and is not taken: point `path` at the announced file, or undo the rollout");
+                    let kept = PluginConfig {
+                        path: served.config.path.clone(),
+                        version: served.config.version.clone(),
+                        ..config.clone()
+                    };
+                    Change::Keep(kept)
+                }
                 Some(served) => {
                     let same_section = PluginConfig { workers: served.config.workers, ..config.clone() };
                     if same_section == served.config && file.digest == served.loaded.release.digest {
@@ -235,7 +246,7 @@ impl Host<'_> {
                 }
                 Change::Upgrade(config, loaded, record) => {
                     let name = config.name.clone();
-                    match self.upgrade(config, loaded, record, signals).await? {
+                    match self.upgrade(config, loaded, record, signals, false).await? {
                         Upgraded::Done => summary.upgraded.push(name),
                         Upgraded::Undone => summary.undone.push(name),
                         Upgraded::Interrupted => {
@@ -269,7 +280,7 @@ impl Host<'_> {
     }
 
     /// The served plugin of `pool`, which a change of the reload names.
-    fn served_mut(&mut self, pool: &str) -> &mut Served {
+    pub(crate) fn served_mut(&mut self, pool: &str) -> &mut Served {
         self.served.iter_mut().find(|served| served.config.pool == pool).expect("a kept plugin is served")
     }
 
@@ -278,12 +289,13 @@ impl Host<'_> {
     /// is replaced; then adds or removes workers to `config`'s number. A
     /// release that fails its gate is undone (see `undo`). The list of
     /// workers stays true if a replacement fails.
-    async fn upgrade(
+    pub(crate) async fn upgrade(
         &mut self,
         config: PluginConfig,
         loaded: LoadedPlugin,
         claim: Option<String>,
         signals: &mut Signals,
+        keep_previous: bool,
     ) -> anyhow::Result<Upgraded> {
         let served = self.served_mut(&config.pool);
         if let Some(identity) = &claim {
@@ -324,7 +336,8 @@ impl Host<'_> {
                 }
             }
         }
-        served.loaded = loaded;
+        let previous = std::mem::replace(&mut served.loaded, loaded);
+        served.previous = keep_previous.then(|| (served.config.clone(), previous));
         self.resize(config).await?;
         Ok(Upgraded::Done)
     }

@@ -266,12 +266,21 @@ async fn serve(
     );
     // A host with workers exits once all its pools shut down; one that
     // only runs schedules, on a signal.
+    let mut rollouts = tokio::time::interval(crate::rollout::FOLLOW_EVERY);
+    rollouts.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let signalled = loop {
         let signal = tokio::select! {
             signal = signals.next() => signal,
             () = host.all_shut_down() => {
                 tracing::info!("every pool of this host was shut down; exiting");
                 break false;
+            }
+            _ = rollouts.tick() => {
+                host.follow_rollouts(&mut signals).await;
+                if host.leave_requested {
+                    break true;
+                }
+                continue;
             }
         };
         match signal {

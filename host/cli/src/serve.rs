@@ -33,6 +33,10 @@ pub(crate) struct Served {
     pub(crate) node: Arc<Node>,
     /// Its workers on this host, in the order they joined.
     pub(crate) workers: Vec<ServedWorker>,
+    /// The section and release it served before it took a release
+    /// announced for the pool (`rollout --start`): what `rollout --undo`
+    /// goes back to. Kept loaded until then.
+    pub(crate) previous: Option<(PluginConfig, LoadedPlugin)>,
 }
 
 /// One worker of a served plugin: its id, and what its plugin did.
@@ -254,7 +258,7 @@ impl<'a> Host<'a> {
                 .with_context(|| format!("failed to join pool {:?}", config.pool))?,
         );
         tracing::info!(pool = %config.pool, node = node.id(), "joined the pool as node {}", node.id());
-        self.served.push(Served { config, loaded, node: node.clone(), workers: Vec::new() });
+        self.served.push(Served { config, loaded, node: node.clone(), workers: Vec::new(), previous: None });
         let served = self.served.last_mut().expect("pushed");
         if let Some(identity) = check_claim(&node, &served.config, &served.loaded.release).await? {
             record_claim(&node, &served.config, &identity).await?;

@@ -18,13 +18,17 @@ fn section<'a>(help: &'a str, section: &str) -> Vec<&'a str> {
 }
 
 /// The `--flags` a help text's `Options:` lists (the first on each line;
-/// `--help` and `--version` left out).
+/// `--help` and the program's `--version` left out, but an option named
+/// `--version` that takes a value kept).
 fn options(help: &str) -> BTreeSet<String> {
     section(help, "Options:")
         .iter()
-        .filter_map(|line| line.split_whitespace().find(|word| word.starts_with("--")))
-        .map(|flag| flag.trim_end_matches(',').to_owned())
-        .filter(|flag| flag != "--help" && flag != "--version")
+        .filter_map(|line| {
+            let flag = line.split_whitespace().find(|word| word.starts_with("--"))?;
+            let takes_value = line.contains('<');
+            Some(flag.trim_end_matches(',').to_owned())
+                .filter(|flag| flag != "--help" && (flag != "--version" || takes_value))
+        })
         .collect()
 }
 

@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use pulse_testkit::RedisServer;
-use pulse_testkit::plugins::{COUNTER, COUNTER_BROKEN};
+use pulse_testkit::plugins::{COUNTER, COUNTER_BROKEN, COUNTER_V2, path};
 
 use crate::upgrades::{emitted, hang_up, install, releases, sha256};
 use crate::{Host, cli, cli_all, eventually, eventually_within, wait_for_workers};
@@ -23,15 +23,21 @@ struct Pool {
     dir: tempfile::TempDir,
     plugin: PathBuf,
     config: PathBuf,
+    window: &'static str,
 }
 
 impl Pool {
     fn new(extra: &str) -> Self {
+        Self::judged_for("20s", extra)
+    }
+
+    /// A pool whose plugin's `upgrade_window` is `window`.
+    fn judged_for(window: &'static str, extra: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let plugin = dir.path().join("counter.wasm");
         install(COUNTER, &plugin);
         let config = dir.path().join("config.toml");
-        let pool = Pool { dir, plugin, config };
+        let pool = Pool { dir, plugin, config, window };
         pool.write("", extra);
         pool
     }
@@ -40,9 +46,10 @@ impl Pool {
     /// the plugin.
     fn write(&self, settings: &str, extra: &str) {
         let text = format!(
-            "{extra}\n[[plugin]]\nname = \"count\"\npath = {:?}\nworkers = 2\nupgrade_window = \"20s\"\n\
+            "{extra}\n[[plugin]]\nname = \"count\"\npath = {:?}\nworkers = 2\nupgrade_window = \"{}\"\n\
              [plugin.settings]\ninterval-ms = \"200\"\n{settings}",
-            self.plugin.display().to_string()
+            self.plugin.display().to_string(),
+            self.window
         );
         std::fs::write(&self.config, text).unwrap();
     }
@@ -231,4 +238,78 @@ fn a_host_killed_while_its_new_release_is_on_trial_loses_no_job() {
     pool.counting_on_v1(redis, 3, crate::PATIENCE);
     pool.assert_nothing_lost(redis);
     drop(a);
+}
+
+/// `rollout --json`'s announced rollout.
+fn announced(pool: &Pool, redis: Option<&str>) -> serde_json::Value {
+    let (code, out) = cli(&pool.config, redis, &["rollout", "--pool", "count", "--json"]);
+    assert_eq!(code, 0, "{out}");
+    serde_json::from_str::<serde_json::Value>(&out).unwrap()["rollout"].clone()
+}
+
+#[test]
+fn a_release_announced_for_the_pool_goes_through_its_hosts_in_turn_and_is_undone_on_request() {
+    const JOBS: usize = 30;
+    let server = RedisServer::start();
+    let redis = Some(server.url());
+    let pool = Pool::judged_for("2s", "");
+    let (log_a, log_b) = (pool.log("a.log"), pool.log("b.log"));
+    let _a = Host::start_logging(&pool.config, redis, &log_a);
+    wait_for_workers(&pool.config, redis, "count", 2);
+    let _b = Host::start_logging(&pool.config, redis, &log_b);
+    wait_for_workers(&pool.config, redis, "count", 4);
+    pool.dispatch(redis, JOBS);
+    let v1 = sha256(&pool.plugin);
+    let rollout = |args: &[&str]| {
+        let mut all = vec!["rollout", "--pool", "count"];
+        all.extend_from_slice(args);
+        cli_all(&pool.config, server.url(), &all)
+    };
+    assert_eq!(rollout(&["--pause"]).0, 3, "no rollout to pause yet");
+
+    // Announced once, taken by both hosts in turn, no SIGHUP.
+    let v2_file = path(COUNTER_V2);
+    let v2 = sha256(&v2_file);
+    let (code, out, err) = rollout(&["--start", v2_file.to_str().unwrap(), "--version", "2"]);
+    assert_eq!(code, 0, "{out}{err}");
+    eventually("every worker runs the announced release", || {
+        releases(&pool.config, redis) == [(v2.clone(), 4)]
+    });
+    eventually("both hosts said they are done", || {
+        let hosts = announced(&pool, redis)["hosts"].clone();
+        hosts.as_object().is_some_and(|hosts| hosts.len() == 2 && hosts.values().all(|o| o == "done"))
+    });
+    for log in [&log_a, &log_b] {
+        assert!(log_text(log).contains("this host's turn in the pool's rollout"), "{}", log_text(log));
+        assert!(log_text(log).contains("the new release passed the upgrade gate"), "{}", log_text(log));
+    }
+    eventually("every job counts on the announced release", || {
+        emitted(&pool.config, redis).values().all(|counts| counts.last().is_some_and(|(v2, _)| *v2))
+    });
+
+    // Undone: both hosts go back to the release they ran before.
+    assert_eq!(rollout(&["--undo"]).0, 0);
+    eventually("every worker runs the first release again", || {
+        releases(&pool.config, redis) == [(v1.clone(), 4)]
+    });
+    pool.counting_on_v1(redis, 3, crate::PATIENCE);
+    pool.assert_nothing_lost(redis);
+
+    // A bad release announced: the first host to take it is judged,
+    // undoes it and halts the rollout; the other never runs it.
+    let broken_file = path(COUNTER_BROKEN);
+    let broken = sha256(&broken_file);
+    let (code, out, err) = rollout(&["--start", broken_file.to_str().unwrap(), "--version", "3"]);
+    assert_eq!(code, 0, "{out}{err}");
+    eventually("the rollout halted", || announced(&pool, redis)["state"] == "halted");
+    let reason = announced(&pool, redis)["reason"].as_str().unwrap().to_owned();
+    assert!(reason.contains("failed the upgrade gate"), "{reason}");
+    let ran = [&log_a, &log_b].iter().filter(|log| log_text(log).contains("start held")).count();
+    assert_eq!(ran, 1, "exactly one host ran the bad release");
+    assert_eq!(releases(&pool.config, redis), [(v1.clone(), 4)]);
+    pool.counting_on_v1(redis, 3, crate::PATIENCE);
+    pool.assert_nothing_lost(redis);
+    let (code, _, err) = rollout(&["--start", broken_file.to_str().unwrap()]);
+    assert_eq!(code, 1, "a refused release is not announced again");
+    assert!(err.contains(&format!("the pool refuses {broken}")), "{err}");
 }
