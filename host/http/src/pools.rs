@@ -17,6 +17,8 @@ pub(crate) async fn list(State(api): State<Api>) -> Result<Json<Value>, ApiError
     let mut pools = Vec::new();
     for (name, pool) in api.pools() {
         let counts = pool.node.job_counts().await?;
+        let rollout = pool.node.rollout().await?;
+        let refused = pool.node.refused_releases().await?;
         let nodes = pool.node.nodes();
         pools.push(json!({
             "name": name,
@@ -26,6 +28,8 @@ pub(crate) async fn list(State(api): State<Api>) -> Result<Json<Value>, ApiError
             "nodes": nodes.len(),
             "workers": nodes.iter().map(|n| n.workers.len()).sum::<usize>(),
             "jobs": {"running": counts.running, "queued": counts.queued, "failed": counts.failed},
+            "rollout": rollout,
+            "refused": refused,
         }));
     }
     Ok(Json(json!({"pools": pools})))

@@ -313,3 +313,49 @@ fn a_release_announced_for_the_pool_goes_through_its_hosts_in_turn_and_is_undone
     assert_eq!(code, 1, "a refused release is not announced again");
     assert!(err.contains(&format!("the pool refuses {broken}")), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_shows_a_halted_rollout_and_the_release_the_pool_refuses() {
+    let server = RedisServer::start();
+    let redis = server.url();
+    let pool = Pool::judged_for("10s", "[http]\nlisten = \"127.0.0.1:0\"\n");
+    let api = crate::http::Served::start(&pool.config, redis, None).await;
+    wait_for_workers(&pool.config, Some(redis), "count", 2);
+    tokio::task::block_in_place(|| pool.dispatch(Some(redis), 8));
+    let broken_file = path(COUNTER_BROKEN);
+    let broken = sha256(&broken_file);
+    let args = ["rollout", "--pool", "count", "--start", broken_file.to_str().unwrap(), "--version", "3"];
+    assert_eq!(cli(&pool.config, Some(redis), &args).0, 0);
+    let deadline = std::time::Instant::now() + crate::PATIENCE;
+    let count = loop {
+        let (status, pools) = api.get("/api/pools").await;
+        assert_eq!(status, 200);
+        let count = pools["pools"][0].clone();
+        if count["rollout"]["state"] == "halted" && !count["refused"].as_array().unwrap().is_empty() {
+            break count;
+        }
+        assert!(std::time::Instant::now() < deadline, "the rollout did not halt: {count}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(count["rollout"]["digest"], broken.as_str());
+    assert_eq!(count["rollout"]["version"], "3");
+    assert_eq!(count["refused"][0]["digest"], broken.as_str());
+    assert!(count["refused"][0]["reason"].as_str().unwrap().contains("failed the upgrade gate"), "{count}");
+    assert_eq!(count["rollout"]["hosts"].as_object().unwrap().values().next().unwrap(), "halt", "{count}");
+    assert_eq!(count["jobs"]["failed"], 0, "{count}");
+    // The status page says so.
+    let mut browser = crate::status_page::Browser::launch().await;
+    browser.call("Page.navigate", serde_json::json!({"url": api.base})).await;
+    browser
+        .until(
+            "the page shows the halted rollout",
+            r#"document.querySelector('[data-rollout="halted"]') !== null"#,
+        )
+        .await;
+    browser
+        .until(
+            "the page shows the refused release",
+            &format!(r#"document.querySelector('[data-refused="{broken}"]')?.innerText.includes("failed the upgrade gate")"#),
+        )
+        .await;
+}

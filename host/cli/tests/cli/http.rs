@@ -340,7 +340,7 @@ async fn every_route_answers_its_outcomes_without_a_token() {
     let own = echo.as_object_mut().unwrap().remove("node").expect("the host's own node");
     assert_eq!(
         echo,
-        json!({"name": "echo", "workers_here": true, "slot_groups": 1, "nodes": 1, "workers": 2, "jobs": {"running": 42, "queued": 0, "failed": 0}})
+        json!({"name": "echo", "workers_here": true, "slot_groups": 1, "nodes": 1, "workers": 2, "jobs": {"running": 42, "queued": 0, "failed": 0}, "rollout": null, "refused": []})
     );
     let (status, workers) = api.get("/api/pools/echo/workers").await;
     assert_eq!(status, 200);

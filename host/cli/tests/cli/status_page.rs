@@ -19,7 +19,7 @@ use crate::http::Served;
 use crate::{PATIENCE, write_config};
 
 /// A headless Chromium with one page, killed when dropped.
-struct Browser {
+pub(crate) struct Browser {
     _child: tokio::process::Child,
     _profile: tempfile::TempDir,
     page: tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>,
@@ -27,7 +27,7 @@ struct Browser {
 }
 
 impl Browser {
-    async fn launch() -> Self {
+    pub(crate) async fn launch() -> Self {
         let binary = std::env::var("PULSE_CHROMIUM").unwrap_or_else(|_| "chromium".into());
         let profile = tempfile::tempdir().unwrap();
         let mut child = tokio::process::Command::new(&binary)
@@ -80,7 +80,7 @@ impl Browser {
     }
 
     /// Calls a DevTools method of the page; returns its result.
-    async fn call(&mut self, method: &str, params: Value) -> Value {
+    pub(crate) async fn call(&mut self, method: &str, params: Value) -> Value {
         self.next_id += 1;
         let id = self.next_id;
         let request = json!({"id": id, "method": method, "params": params}).to_string();
@@ -108,7 +108,7 @@ impl Browser {
     }
 
     /// Waits until `expression` is true in the page.
-    async fn until(&mut self, what: &str, expression: &str) {
+    pub(crate) async fn until(&mut self, what: &str, expression: &str) {
         let deadline = Instant::now() + PATIENCE;
         while self.eval(expression).await != Value::Bool(true) {
             if Instant::now() > deadline {

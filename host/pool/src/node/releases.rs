@@ -37,6 +37,17 @@ impl Node {
         Ok(())
     }
 
+    /// The releases the pool refuses, by digest.
+    ///
+    /// # Errors
+    /// Redis failures.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    pub async fn refused_releases(&self) -> Result<Vec<RefusedRelease>> {
+        read_all(&self.core.conn, &self.core.keys).await
+    }
+
     /// Why the pool refuses release `digest`; `None` when it does not.
     ///
     /// # Errors
@@ -55,6 +66,18 @@ impl Node {
     }
 }
 
+async fn read_all(conn: &pulse_redis::Shared, keys: &PoolKeys) -> Result<Vec<RefusedRelease>> {
+    let all: Vec<(String, String)> = redis::cmd("HGETALL")
+        .arg(&keys.refused)
+        .query_async(&mut conn.clone())
+        .await
+        .map_err(keys.redis_error("read the refused releases"))?;
+    let mut refused: Vec<RefusedRelease> =
+        all.into_iter().map(|(digest, reason)| RefusedRelease { digest, reason }).collect();
+    refused.sort_by(|a, b| a.digest.cmp(&b.digest));
+    Ok(refused)
+}
+
 impl PoolView {
     /// The releases the pool refuses, by digest.
     ///
@@ -64,16 +87,7 @@ impl PoolView {
     /// # Cancel safety
     /// Cancel safe: it only reads.
     pub async fn refused_releases(&self) -> Result<Vec<RefusedRelease>> {
-        let keys = self.keys();
-        let all: Vec<(String, String)> = redis::cmd("HGETALL")
-            .arg(&keys.refused)
-            .query_async(&mut self.conn.clone())
-            .await
-            .map_err(keys.redis_error("read the refused releases"))?;
-        let mut refused: Vec<RefusedRelease> =
-            all.into_iter().map(|(digest, reason)| RefusedRelease { digest, reason }).collect();
-        refused.sort_by(|a, b| a.digest.cmp(&b.digest));
-        Ok(refused)
+        read_all(&self.conn, self.keys()).await
     }
 
     /// Clears the pool's refusal of release `digest`, or of every release
