@@ -180,7 +180,7 @@ fn is_digest(text: &str) -> bool {
         .is_some_and(|hex| hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
-/// `rollout --start FILE [--version V]`.
+/// `rollout start --file FILE [--version V]`.
 pub async fn start_rollout(
     view: &PoolView,
     file: &std::path::Path,
@@ -211,13 +211,14 @@ pub async fn start_rollout(
     ))
 }
 
-/// `rollout --pause`, `--resume`, `--undo`.
+/// `rollout pause`, `resume`, `undo`.
 pub async fn set_rollout(view: &PoolView, state: RolloutState) -> anyhow::Result<(u8, String)> {
     Ok(match view.set_rollout_state(state).await? {
         true => (exit::OK, format!("the pool's rollout is {}", state.as_str())),
-        false => {
-            (exit::NOT_FOUND_OR_EXISTS, "the pool has no rollout (start one with --start FILE)".to_owned())
-        }
+        false => (
+            exit::NOT_FOUND_OR_EXISTS,
+            "the pool has no rollout (announce one with `rollout start --pool P --file FILE`)".to_owned(),
+        ),
     })
 }
 

@@ -52,6 +52,16 @@ struct Cli {
     command: Command,
 }
 
+/// What `rollout` does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum RolloutAction {
+    Status,
+    Start,
+    Pause,
+    Resume,
+    Undo,
+}
+
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum LogFormat {
     Human,
@@ -154,30 +164,26 @@ enum Command {
     /// rolling upgrade; and the releases the pool refuses (their upgrade
     /// gate failed), with why.
     Rollout {
+        /// `status` (the default) shows the rollout; `start` announces
+        /// `--file` as the pool's new release: every host serving the pool
+        /// takes it in turn, one at a time, each worker judged by the
+        /// upgrade gate; `pause` stops further hosts taking it, `resume`
+        /// goes on; `undo` sends the hosts that took it back to the release
+        /// they ran before.
+        #[arg(value_enum, default_value_t = RolloutAction::Status)]
+        action: RolloutAction,
         #[arg(long)]
         pool: String,
-        /// Announces this plugin file as the pool's new release: every
-        /// host serving the pool takes it in turn, one at a time, each
-        /// worker judged by the upgrade gate. The file must be at this
+        /// The plugin file to announce (with `start`); it must be at this
         /// path on every host.
-        #[arg(long, value_name = "FILE", group = "action")]
-        start: Option<PathBuf>,
-        /// The announced release's version (with --start).
-        #[arg(long, requires = "start")]
+        #[arg(long, value_name = "FILE")]
+        file: Option<PathBuf>,
+        /// The announced release's version (with `start`).
+        #[arg(long)]
         version: Option<String>,
-        /// Pauses the pool's rollout: no further host takes it.
-        #[arg(long, group = "action")]
-        pause: bool,
-        /// Resumes a paused rollout.
-        #[arg(long, group = "action")]
-        resume: bool,
-        /// Undoes the pool's rollout: hosts that took the release go back
-        /// to the one they ran before.
-        #[arg(long, group = "action")]
-        undo: bool,
         /// Clears the pool's refusal of a release (its digest,
         /// `sha256:<hex>`, or `all`): hosts bringing it try it again.
-        #[arg(long, value_name = "DIGEST", group = "action")]
+        #[arg(long, value_name = "DIGEST")]
         clear: Option<String>,
         #[arg(long)]
         json: bool,
@@ -387,13 +393,28 @@ async fn read(view: &pulse_pool::PoolView, command: Command) -> anyhow::Result<(
             client::print_nodes(&view.nodes().await?, json);
             (exit::OK, String::new())
         }
-        Command::Rollout { clear: Some(digest), .. } => client::clear_refused(view, &digest).await?,
-        Command::Rollout { start: Some(file), version, .. } => {
+        Command::Rollout { action: RolloutAction::Status, clear: Some(digest), .. } => {
+            client::clear_refused(view, &digest).await?
+        }
+        Command::Rollout { clear: Some(_), .. } => {
+            anyhow::bail!("--clear goes with `rollout [status]` alone")
+        }
+        Command::Rollout { action: RolloutAction::Start, file, version, .. } => {
+            let file = file.context("`rollout start` needs --file FILE: the plugin file to announce")?;
             client::start_rollout(view, &file, version.as_deref().unwrap_or_default()).await?
         }
-        Command::Rollout { pause: true, .. } => client::set_rollout(view, RolloutState::Paused).await?,
-        Command::Rollout { resume: true, .. } => client::set_rollout(view, RolloutState::Running).await?,
-        Command::Rollout { undo: true, .. } => client::set_rollout(view, RolloutState::Undoing).await?,
+        Command::Rollout { file: Some(_), .. } | Command::Rollout { version: Some(_), .. } => {
+            anyhow::bail!("--file and --version go with `rollout start`")
+        }
+        Command::Rollout { action: RolloutAction::Pause, .. } => {
+            client::set_rollout(view, RolloutState::Paused).await?
+        }
+        Command::Rollout { action: RolloutAction::Resume, .. } => {
+            client::set_rollout(view, RolloutState::Running).await?
+        }
+        Command::Rollout { action: RolloutAction::Undo, .. } => {
+            client::set_rollout(view, RolloutState::Undoing).await?
+        }
         Command::Rollout { json, .. } => {
             let refused = view.refused_releases().await?;
             let announced = view.rollout().await?;

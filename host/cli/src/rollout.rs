@@ -1,5 +1,5 @@
 //! Following a release announced for the whole pool (`pulse-host rollout
-//! --pool P --start FILE`). Every second the host reads the record of each
+//! start --pool P --file FILE`). Every second the host reads the record of each
 //! pool it serves (`pulse_pool::Rollout`) and:
 //!
 //! - while it runs and this host serves another release: takes the turn
@@ -10,7 +10,7 @@
 //!   the gate's reason (the gate undid the release here, and the pool
 //!   refuses it: no other host tries it);
 //! - while it runs and this host serves it already: says so, once;
-//! - while it is undone (`--undo`) and this host took it: replaces its
+//! - while it is undone (`rollout undo`) and this host took it: replaces its
 //!   workers back by the release it ran before (kept loaded until then),
 //!   each job moving once more from its saved state.
 //!

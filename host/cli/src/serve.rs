@@ -34,7 +34,7 @@ pub(crate) struct Served {
     /// Its workers on this host, in the order they joined.
     pub(crate) workers: Vec<ServedWorker>,
     /// The section and release it served before it took a release
-    /// announced for the pool (`rollout --start`): what `rollout --undo`
+    /// announced for the pool (`rollout start`): what `rollout undo`
     /// goes back to. Kept loaded until then.
     pub(crate) previous: Option<(PluginConfig, LoadedPlugin)>,
 }

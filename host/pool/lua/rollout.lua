@@ -10,7 +10,7 @@
 -- time: a host takes the turn (only while the rollout runs, and when no
 -- other host holds it), replaces its workers, each judged by its upgrade
 -- gate, and gives the turn back with its outcome: `done`, `undone` (it
--- went back to its earlier release on `rollout --undo`), `halt` (its gate
+-- went back to its earlier release on `rollout undo`), `halt` (its gate
 -- refused the release: the rollout stops for every host, with the reason)
 -- or `yield` (it left before it was done). A turn not given back in time
 -- (its host died) lapses. Every step checks the digest, so a host acting

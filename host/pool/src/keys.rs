@@ -33,7 +33,7 @@ pub(crate) struct PoolKeys {
     /// Releases the pool refuses (a host's upgrade gate failed them):
     /// digest -> why, in words.
     pub(crate) refused: String,
-    /// The release announced for the whole pool (`rollout --start`), with
+    /// The release announced for the whole pool (`rollout start`), with
     /// its state, whose turn it is and each host's outcome.
     pub(crate) rollout: String,
     /// Worker leases: worker -> deadline, ms of Redis time.

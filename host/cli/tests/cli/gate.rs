@@ -260,17 +260,20 @@ fn a_release_announced_for_the_pool_goes_through_its_hosts_in_turn_and_is_undone
     wait_for_workers(&pool.config, redis, "count", 4);
     pool.dispatch(redis, JOBS);
     let v1 = sha256(&pool.plugin);
-    let rollout = |args: &[&str]| {
-        let mut all = vec!["rollout", "--pool", "count"];
+    let rollout = |action: &str, args: &[&str]| {
+        let mut all = vec!["rollout", action, "--pool", "count"];
         all.extend_from_slice(args);
         cli_all(&pool.config, server.url(), &all)
     };
-    assert_eq!(rollout(&["--pause"]).0, 3, "no rollout to pause yet");
+    assert_eq!(rollout("pause", &[]).0, 3, "no rollout to pause yet");
+    let (code, _, err) = rollout("start", &[]);
+    assert_eq!(code, 1);
+    assert!(err.contains("`rollout start` needs --file FILE"), "{err}");
 
     // Announced once, taken by both hosts in turn, no SIGHUP.
     let v2_file = path(COUNTER_V2);
     let v2 = sha256(&v2_file);
-    let (code, out, err) = rollout(&["--start", v2_file.to_str().unwrap(), "--version", "2"]);
+    let (code, out, err) = rollout("start", &["--file", v2_file.to_str().unwrap(), "--version", "2"]);
     assert_eq!(code, 0, "{out}{err}");
     eventually("every worker runs the announced release", || {
         releases(&pool.config, redis) == [(v2.clone(), 4)]
@@ -288,7 +291,7 @@ fn a_release_announced_for_the_pool_goes_through_its_hosts_in_turn_and_is_undone
     });
 
     // Undone: both hosts go back to the release they ran before.
-    assert_eq!(rollout(&["--undo"]).0, 0);
+    assert_eq!(rollout("undo", &[]).0, 0);
     eventually("every worker runs the first release again", || {
         releases(&pool.config, redis) == [(v1.clone(), 4)]
     });
@@ -299,7 +302,7 @@ fn a_release_announced_for_the_pool_goes_through_its_hosts_in_turn_and_is_undone
     // undoes it and halts the rollout; the other never runs it.
     let broken_file = path(COUNTER_BROKEN);
     let broken = sha256(&broken_file);
-    let (code, out, err) = rollout(&["--start", broken_file.to_str().unwrap(), "--version", "3"]);
+    let (code, out, err) = rollout("start", &["--file", broken_file.to_str().unwrap(), "--version", "3"]);
     assert_eq!(code, 0, "{out}{err}");
     eventually("the rollout halted", || announced(&pool, redis)["state"] == "halted");
     let reason = announced(&pool, redis)["reason"].as_str().unwrap().to_owned();
@@ -309,7 +312,7 @@ fn a_release_announced_for_the_pool_goes_through_its_hosts_in_turn_and_is_undone
     assert_eq!(releases(&pool.config, redis), [(v1.clone(), 4)]);
     pool.counting_on_v1(redis, 3, crate::PATIENCE);
     pool.assert_nothing_lost(redis);
-    let (code, _, err) = rollout(&["--start", broken_file.to_str().unwrap()]);
+    let (code, _, err) = rollout("start", &["--file", broken_file.to_str().unwrap()]);
     assert_eq!(code, 1, "a refused release is not announced again");
     assert!(err.contains(&format!("the pool refuses {broken}")), "{err}");
 }
@@ -324,7 +327,8 @@ async fn the_api_shows_a_halted_rollout_and_the_release_the_pool_refuses() {
     tokio::task::block_in_place(|| pool.dispatch(Some(redis), 8));
     let broken_file = path(COUNTER_BROKEN);
     let broken = sha256(&broken_file);
-    let args = ["rollout", "--pool", "count", "--start", broken_file.to_str().unwrap(), "--version", "3"];
+    let args =
+        ["rollout", "start", "--pool", "count", "--file", broken_file.to_str().unwrap(), "--version", "3"];
     assert_eq!(cli(&pool.config, Some(redis), &args).0, 0);
     let deadline = std::time::Instant::now() + crate::PATIENCE;
     let count = loop {
@@ -358,4 +362,35 @@ async fn the_api_shows_a_halted_rollout_and_the_release_the_pool_refuses() {
             &format!(r#"document.querySelector('[data-refused="{broken}"]')?.innerText.includes("failed the upgrade gate")"#),
         )
         .await;
+}
+
+#[test]
+fn a_rollout_undone_half_way_leaves_every_host_on_its_first_release() {
+    const JOBS: usize = 20;
+    let server = RedisServer::start();
+    let redis = Some(server.url());
+    let pool = Pool::judged_for("3s", "");
+    let (log_a, log_b) = (pool.log("a.log"), pool.log("b.log"));
+    let _a = Host::start_logging(&pool.config, redis, &log_a);
+    wait_for_workers(&pool.config, redis, "count", 2);
+    let _b = Host::start_logging(&pool.config, redis, &log_b);
+    wait_for_workers(&pool.config, redis, "count", 4);
+    pool.dispatch(redis, JOBS);
+    let v1 = sha256(&pool.plugin);
+    let v2_file = path(COUNTER_V2);
+    let args = ["rollout", "start", "--pool", "count", "--file", v2_file.to_str().unwrap()];
+    assert_eq!(cli(&pool.config, redis, &args).0, 0);
+    eventually("a first host took the release", || {
+        announced(&pool, redis)["hosts"].as_object().is_some_and(|hosts| hosts.values().any(|o| o == "done"))
+    });
+    assert_eq!(cli(&pool.config, redis, &["rollout", "undo", "--pool", "count"]).0, 0);
+    eventually("every worker runs the first release again", || {
+        releases(&pool.config, redis) == [(v1.clone(), 4)]
+    });
+    eventually("every host that took it says it went back", || {
+        let rollout = announced(&pool, redis);
+        rollout["state"] == "undoing" && rollout["hosts"].as_object().unwrap().values().all(|o| o == "undone")
+    });
+    pool.counting_on_v1(redis, 3, crate::PATIENCE);
+    pool.assert_nothing_lost(redis);
 }

@@ -1,4 +1,4 @@
-//! A release announced for the whole pool (`pulse-host rollout --start`).
+//! A release announced for the whole pool (`pulse-host rollout start`).
 //! Every host of the pool follows the record: one at a time, each takes
 //! the turn, replaces its workers by the release (each judged by its
 //! upgrade gate) and gives the turn back with its outcome (`rollout.lua`).
