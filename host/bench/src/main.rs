@@ -58,7 +58,11 @@
 //! - `rollout`: two hosts run 1,000 `counter` jobs; the plugin's file is
 //!   replaced by `counter-v2` and each host gets SIGHUP in turn: time per
 //!   reload and in all, job moves per job (target ≤ 1), jobs lost.
-//!   Options: `--jobs N`.
+//!   Options: `--jobs N`. Then a bad release on the first host, undone by
+//!   its upgrade gate (`bad-release`).
+//! - `listing`: a page of 100 jobs of a pool of 1,000,000, as `pulse-host
+//!   jobs --limit 100` reads it: all jobs, by key prefix, by a state no job
+//!   is in; p50 and max against 100 ms. Options: `--jobs N`.
 //!
 //! `--quick` runs fewer iterations (a smoke test of the program itself).
 #![allow(clippy::print_stdout, reason = "the program's output is its RESULT lines")]
@@ -66,6 +70,7 @@
 mod dispatch;
 mod fetch;
 mod idle;
+mod listing;
 mod membership;
 mod process;
 mod report;
@@ -81,7 +86,7 @@ use std::process::ExitCode;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-const USAGE: &str = "usage: pulse-bench SCENARIO [--quick] [--jobs N] [--redis URL] [--confirm-replicas N] [--groups N] [--workers N]\nscenarios: runtime [echo|python-echo|js-echo]..., dispatch [noop|echo-job|echo-worker|echo-http|slow|slow-serial|batch]..., idle, fetch, failover, rebalance, ticker, rollout";
+const USAGE: &str = "usage: pulse-bench SCENARIO [--quick] [--jobs N] [--redis URL] [--confirm-replicas N] [--groups N] [--workers N]\nscenarios: runtime [echo|python-echo|js-echo]..., dispatch [noop|echo-job|echo-worker|echo-http|slow|slow-serial|batch]..., idle, fetch, failover, rebalance, ticker, rollout, listing";
 
 /// Parsed command line.
 #[derive(Debug)]
@@ -186,6 +191,7 @@ fn main() -> ExitCode {
         membership::SERVE_COUNTING => membership::serve_counting(&args),
         "ticker" => ticker::run(&args),
         "rollout" => rollout::run(&args),
+        "listing" => listing::run(&args),
         // The processes of the ticker scenario.
         ticker::SERVE_TICKER => ticker::serve_ticker(&args),
         other => {

@@ -7,8 +7,8 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use pulse_pool::{
-    DispatchOutcome, EventOutcome, JobInfo, Node, NodeOptions, PoolView, RefusedRelease, Rollout,
-    RolloutState, WorkerInfo,
+    DispatchOutcome, EventOutcome, JobInfo, JobState, JobsQuery, Node, NodeOptions, PoolView, RefusedRelease,
+    Rollout, RolloutState, WorkerInfo,
 };
 use pulse_pool::{Emitted, EmittedEvents, Followed};
 use serde_json::json;
@@ -88,6 +88,51 @@ pub fn event_code(outcome: &EventOutcome, done: &str) -> (u8, String) {
         }
         EventOutcome::Unconfirmed => (exit::UNCONFIRMED, "sent, but not confirmed in time".into()),
     }
+}
+
+/// `jobs`: one page when `limit` is given (its next cursor on stderr),
+/// otherwise every page, filtered by `state` and `prefix`.
+pub async fn list_jobs(
+    view: &PoolView,
+    state: Option<&str>,
+    prefix: String,
+    limit: Option<usize>,
+    cursor: Option<u64>,
+    as_json: bool,
+) -> anyhow::Result<(u8, String)> {
+    let state = match state {
+        None => None,
+        Some(text) => Some(JobState::parse(text).with_context(|| {
+            let allowed: Vec<&str> = JobState::ALL.iter().map(|state| state.as_str()).collect();
+            format!("--state {text:?}: allowed are {}", allowed.join(", "))
+        })?),
+    };
+    if let Some(limit) = limit
+        && !(1..=pulse_pool::MAX_PAGE).contains(&limit)
+    {
+        anyhow::bail!("--limit {limit}: allowed are 1 to {}", pulse_pool::MAX_PAGE);
+    }
+    let mut query = JobsQuery {
+        state,
+        prefix,
+        limit: limit.unwrap_or(pulse_pool::MAX_PAGE),
+        cursor: cursor.unwrap_or(0),
+    };
+    let mut jobs = Vec::new();
+    loop {
+        let page = view.list_jobs(&query).await?;
+        jobs.extend(page.jobs);
+        match (page.next_cursor, limit) {
+            (Some(next), None) => query.cursor = next,
+            (Some(next), Some(_)) => {
+                eprintln!("more jobs: --cursor {next}");
+                break;
+            }
+            (None, _) => break,
+        }
+    }
+    print_jobs(&mut jobs, as_json);
+    Ok((exit::OK, String::new()))
 }
 
 pub fn print_jobs(jobs: &mut [JobInfo], as_json: bool) {

@@ -142,6 +142,20 @@ enum Command {
     Jobs {
         #[arg(long)]
         pool: String,
+        /// Only jobs in this state: starting, running, moving, queued or
+        /// failed.
+        #[arg(long)]
+        state: Option<String>,
+        /// Only jobs whose keys start with this.
+        #[arg(long)]
+        prefix: Option<String>,
+        /// One page of about this many jobs (1 to 1,000), rather than
+        /// every job; the next page's cursor goes to stderr.
+        #[arg(long)]
+        limit: Option<usize>,
+        /// Where the page starts: the cursor the page before gave.
+        #[arg(long, requires = "limit")]
+        cursor: Option<u64>,
         #[arg(long)]
         json: bool,
     },
@@ -381,9 +395,8 @@ async fn read(view: &pulse_pool::PoolView, command: Command) -> anyhow::Result<(
             ),
             None => (exit::NOT_FOUND_OR_EXISTS, "no such job".into()),
         },
-        Command::Jobs { json, .. } => {
-            client::print_jobs(&mut view.jobs().await?, json);
-            (exit::OK, String::new())
+        Command::Jobs { state, prefix, limit, cursor, json, .. } => {
+            client::list_jobs(view, state.as_deref(), prefix.unwrap_or_default(), limit, cursor, json).await?
         }
         Command::Workers { json, .. } => {
             client::print_workers(&view.workers().await?, &view.nodes().await?, json);

@@ -109,6 +109,7 @@ pub(crate) struct Batch {
 #[serde(deny_unknown_fields)]
 pub(crate) struct JobsQuery {
     pub(crate) state: Option<String>,
+    pub(crate) prefix: Option<String>,
     pub(crate) cursor: Option<String>,
     pub(crate) limit: Option<usize>,
 }

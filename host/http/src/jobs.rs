@@ -16,11 +16,6 @@ use crate::error::ApiError;
 
 /// Most jobs one batch may hold.
 pub(crate) const MAX_BATCH: usize = 1000;
-/// Largest page of the job listing.
-const MAX_PAGE: usize = 1000;
-/// HSCAN rounds one filtered listing request may make before it answers
-/// with what it found and a cursor to go on from.
-const MAX_SCANS: usize = 10;
 
 /// An outcome answer: `{"key", "outcome", ...}` with its status.
 struct Outcome {
@@ -126,8 +121,11 @@ pub(crate) async fn list(
 ) -> Result<Json<Value>, ApiError> {
     let node = api.node(&pool)?;
     let limit = query.limit.unwrap_or(100);
-    if !(1..=MAX_PAGE).contains(&limit) {
-        return Err(ApiError::bad_request(format!("`limit` = {limit}: allowed are 1 to {MAX_PAGE}")));
+    if !(1..=pulse_pool::MAX_PAGE).contains(&limit) {
+        return Err(ApiError::bad_request(format!(
+            "`limit` = {limit}: allowed are 1 to {}",
+            pulse_pool::MAX_PAGE
+        )));
     }
     let state = match query.state.as_deref() {
         None => None,
@@ -136,23 +134,15 @@ pub(crate) async fn list(
             ApiError::bad_request(format!("`state` = {text:?}: allowed are {}", allowed.join(", ")))
         })?),
     };
-    let mut cursor: u64 = match query.cursor.as_deref() {
+    let cursor: u64 = match query.cursor.as_deref() {
         None => 0,
         Some(text) => text.parse().map_err(|_| {
             ApiError::bad_request(format!("`cursor` = {text:?}: give the next_cursor of the previous page"))
         })?,
     };
-    let mut jobs = Vec::new();
-    for _ in 0..MAX_SCANS {
-        let (next, page) = node.jobs_page(cursor, limit - jobs.len()).await?;
-        jobs.extend(page.into_iter().filter(|job| state.is_none_or(|s| job.state == s)));
-        cursor = next;
-        if cursor == 0 || jobs.len() >= limit {
-            break;
-        }
-    }
-    jobs.sort_by(|a, b| a.key.cmp(&b.key));
-    let next = (cursor != 0).then(|| cursor.to_string());
+    let prefix = query.prefix.unwrap_or_default();
+    let page = node.list_jobs(&pulse_pool::JobsQuery { state, prefix, limit, cursor }).await?;
+    let (jobs, next) = (page.jobs, page.next_cursor.map(|cursor| cursor.to_string()));
     Ok(Json(json!({"jobs": jobs, "next_cursor": next})))
 }
 

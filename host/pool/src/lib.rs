@@ -58,7 +58,8 @@ pub use error::{Error, Result};
 pub use job::{DispatchOutcome, EventOutcome, HandlerError, Job, JobHandler, JobInfo, JobState};
 pub use keys::group_tag;
 pub use node::{
-    JobCounts, Node, NodeInfo, PoolView, RefusedRelease, Rollout, RolloutOutcome, RolloutState, WorkerInfo,
+    JobCounts, JobsPage, JobsQuery, MAX_PAGE, MAX_SCANS, Node, NodeInfo, PoolView, RefusedRelease, Rollout,
+    RolloutOutcome, RolloutState, WorkerInfo,
 };
 pub use options::{Identity, NodeOptions, Release, WorkerOptions};
 pub use schedule::{Applied, JobProducer, Plan, ProducerError, Schedule};

@@ -165,3 +165,64 @@ fn dispatch_from_file_checks_every_line_first_and_sends_nothing_when_one_is_refu
     let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
     assert!(keys.is_empty(), "nothing was written: {keys:?}");
 }
+
+#[test]
+fn jobs_pages_with_a_cursor_and_filters_by_key_prefix_and_state() {
+    // More than a hash keeps in one listpack (512 fields), which HSCAN
+    // answers whole.
+    const JOBS: usize = 1000;
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    // No worker: the jobs wait, queued.
+    let config = write_config(dir.path(), &[], "");
+    let file = dir.path().join("jobs.jsonl");
+    let lines: Vec<String> = (0..JOBS).map(|i| format!("{{\"key\": \"k{i}\"}}")).collect();
+    std::fs::write(&file, lines.join("\n")).unwrap();
+    let redis = Some(server.url());
+    let (code, out) =
+        cli(&config, redis, &["dispatch", "--pool", "p", "--from-file", file.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}");
+
+    // Pages of about 50, each naming the next one's cursor on stderr.
+    let mut seen = std::collections::BTreeSet::new();
+    let mut cursor: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let mut args = vec!["jobs", "--pool", "p", "--limit", "50", "--json"];
+        if let Some(cursor) = &cursor {
+            args.extend(["--cursor", cursor]);
+        }
+        let (code, out, err) = crate::cli_all(&config, server.url(), &args);
+        assert_eq!(code, 0, "{err}");
+        let page: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let len = page.as_array().unwrap().len();
+        assert!(len < JOBS / 4, "about 50 a page, not {len}");
+        seen.extend(page.as_array().unwrap().iter().map(|job| job["key"].as_str().unwrap().to_owned()));
+        pages += 1;
+        match err.split("more jobs: --cursor ").nth(1) {
+            Some(next) => cursor = Some(next.trim().to_owned()),
+            None => break,
+        }
+    }
+    assert_eq!(seen.len(), JOBS, "every job, over {pages} pages");
+    assert!(pages >= 5, "{pages} pages");
+
+    let keys = |args: &[&str]| -> Vec<String> {
+        let mut all = vec!["jobs", "--pool", "p", "--json"];
+        all.extend_from_slice(args);
+        let (code, out) = cli(&config, redis, &all);
+        assert_eq!(code, 0, "{out}");
+        let jobs: serde_json::Value = serde_json::from_str(&out).unwrap();
+        jobs.as_array().unwrap().iter().map(|job| job["key"].as_str().unwrap().to_owned()).collect()
+    };
+    assert_eq!(
+        keys(&["--prefix", "k29"]),
+        ["k29", "k290", "k291", "k292", "k293", "k294", "k295", "k296", "k297", "k298", "k299"]
+    );
+    assert_eq!(keys(&["--state", "queued", "--prefix", "k1"]).len(), 111);
+    assert!(keys(&["--state", "failed"]).is_empty());
+    let (code, _, err) =
+        crate::cli_all(&config, server.url(), &["jobs", "--pool", "p", "--state", "sleeping"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("allowed are starting, running, moving, queued, failed"), "{err}");
+}

@@ -131,22 +131,34 @@ impl Node {
     /// With several slot groups, the groups are listed one after the
     /// other: the cursor carries the group in its top byte.
     pub async fn jobs_page(&self, cursor: u64, count: usize) -> Result<(u64, Vec<JobInfo>)> {
-        let (group, inner) = (cursor >> GROUP_SHIFT, cursor & !(u64::MAX << GROUP_SHIFT));
-        let groups = u64::from(self.slot_groups());
-        let Some(node) = u32::try_from(group).ok().filter(|_| group < groups).map(|group| self.group(group))
+        self.jobs_page_matching(cursor, count, "").await
+    }
+
+    /// [`Node::jobs_page`] of the jobs whose keys start with `prefix`.
+    async fn jobs_page_matching(
+        &self,
+        cursor: u64,
+        count: usize,
+        prefix: &str,
+    ) -> Result<(u64, Vec<JobInfo>)> {
+        let (group, inner) = split_cursor(cursor);
+        let Some(node) = u32::try_from(group).ok().filter(|&g| g < self.slot_groups()).map(|g| self.group(g))
         else {
             return Ok((0, Vec::new()));
         };
-        let (next, jobs) = jobs_page(&mut node.core.conn.clone(), &node.core.keys, inner, count).await?;
-        if next >> GROUP_SHIFT != 0 {
-            return Err(crate::core::protocol("list jobs", &format!("a cursor of {next}")));
-        }
-        let next = match next {
-            0 if group + 1 == groups => 0,
-            0 => (group + 1) << GROUP_SHIFT,
-            next => (group << GROUP_SHIFT) | next,
-        };
-        Ok((next, jobs))
+        let page = jobs_page(&mut node.core.conn.clone(), &node.core.keys, inner, count, prefix).await?;
+        join_cursor(group, u64::from(self.slot_groups()), page)
+    }
+
+    /// A page of the jobs `query` asks for (see [`JobsQuery`]).
+    ///
+    /// # Errors
+    /// Redis failures.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    pub async fn list_jobs(&self, query: &JobsQuery) -> Result<JobsPage> {
+        collect(query, |cursor, count| self.jobs_page_matching(cursor, count, &query.prefix)).await
     }
 
     /// How many jobs the pool holds, by state: one script, costing
@@ -371,7 +383,7 @@ pub(super) async fn all_jobs<C: ConnectionLike + Send>(
     let mut jobs = Vec::new();
     let mut cursor = 0;
     loop {
-        let (next, page) = jobs_page(conn, keys, cursor, 500).await?;
+        let (next, page) = jobs_page(conn, keys, cursor, 500, "").await?;
         jobs.extend(page);
         if next == 0 {
             return Ok(jobs);
@@ -380,20 +392,121 @@ pub(super) async fn all_jobs<C: ConnectionLike + Send>(
     }
 }
 
-async fn jobs_page<C: ConnectionLike + Send>(
+/// What a listing asks for: a page of about `limit` jobs (1 to
+/// [`MAX_PAGE`]) from `cursor` (0 at first; then the `next_cursor` of the
+/// page before), only those in `state` when given, only those whose keys
+/// start with `prefix`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobsQuery {
+    /// Only jobs in this state.
+    pub state: Option<JobState>,
+    /// Only jobs whose keys start with it (`""`: all).
+    pub prefix: String,
+    /// About how many jobs a page holds.
+    pub limit: usize,
+    /// Where the page starts.
+    pub cursor: u64,
+}
+
+impl Default for JobsQuery {
+    fn default() -> Self {
+        Self { state: None, prefix: String::new(), limit: 100, cursor: 0 }
+    }
+}
+
+/// A page of a listing: its jobs, sorted by key, and where the next page
+/// starts (`None` after the last). A page may hold fewer jobs than asked
+/// (even none) and still have a next one: a filtered listing reads at most
+/// [`MAX_SCANS`] rounds of the pool per page, so that a page costs about
+/// the same however few jobs match.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobsPage {
+    /// The jobs, sorted by key.
+    pub jobs: Vec<JobInfo>,
+    /// The cursor of the next page.
+    pub next_cursor: Option<u64>,
+}
+
+/// The largest page a listing gives.
+pub const MAX_PAGE: usize = 1000;
+
+/// `HSCAN` rounds one page of a filtered listing makes at most.
+pub const MAX_SCANS: usize = 10;
+
+/// Pages from `page` (cursor, count -> next cursor, jobs) until `query`'s
+/// limit is reached, the listing ends or [`MAX_SCANS`] rounds were made.
+pub(super) async fn collect<F, Fut>(query: &JobsQuery, mut page: F) -> Result<JobsPage>
+where
+    F: FnMut(u64, usize) -> Fut,
+    Fut: std::future::Future<Output = Result<(u64, Vec<JobInfo>)>>,
+{
+    let limit = query.limit.clamp(1, MAX_PAGE);
+    let mut cursor = query.cursor;
+    let mut jobs = Vec::new();
+    for _ in 0..MAX_SCANS {
+        let (next, found) = page(cursor, limit - jobs.len()).await?;
+        jobs.extend(found.into_iter().filter(|job| query.state.is_none_or(|state| job.state == state)));
+        cursor = next;
+        if cursor == 0 || jobs.len() >= limit {
+            break;
+        }
+    }
+    jobs.sort_by(|a, b| a.key.cmp(&b.key));
+    Ok(JobsPage { jobs, next_cursor: (cursor != 0).then_some(cursor) })
+}
+
+/// A listing cursor's slot group (its top byte) and `HSCAN` cursor.
+pub(super) fn split_cursor(cursor: u64) -> (u64, u64) {
+    (cursor >> GROUP_SHIFT, cursor & !(u64::MAX << GROUP_SHIFT))
+}
+
+/// The listing cursor after a page of group `group` (of `groups`) whose
+/// `HSCAN` answered `next`: the group's next cursor, or the next group's
+/// start, or 0 after the last group.
+pub(super) fn join_cursor(
+    group: u64,
+    groups: u64,
+    (next, jobs): (u64, Vec<JobInfo>),
+) -> Result<(u64, Vec<JobInfo>)> {
+    if next >> GROUP_SHIFT != 0 {
+        return Err(crate::core::protocol("list jobs", &format!("a cursor of {next}")));
+    }
+    let next = match next {
+        0 if group + 1 >= groups => 0,
+        0 => (group + 1) << GROUP_SHIFT,
+        next => (group << GROUP_SHIFT) | next,
+    };
+    Ok((next, jobs))
+}
+
+/// A `HSCAN MATCH` pattern for keys starting with `prefix`: its glob
+/// characters escaped.
+fn match_prefix(prefix: &str) -> String {
+    let mut pattern = String::with_capacity(prefix.len() + 1);
+    for c in prefix.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            pattern.push('\\');
+        }
+        pattern.push(c);
+    }
+    pattern.push('*');
+    pattern
+}
+
+pub(super) async fn jobs_page<C: ConnectionLike + Send>(
     conn: &mut C,
     keys: &PoolKeys,
     cursor: u64,
     count: usize,
+    prefix: &str,
 ) -> Result<(u64, Vec<JobInfo>)> {
-    let (next, batch): (u64, Vec<(String, String)>) = redis::cmd("HSCAN")
-        .arg(&keys.jobs)
-        .arg(cursor)
-        .arg("COUNT")
-        .arg(count.max(1))
-        .query_async(conn)
-        .await
-        .map_err(keys.redis_error("list jobs"))?;
+    let mut scan = redis::cmd("HSCAN");
+    scan.arg(&keys.jobs).arg(cursor);
+    if !prefix.is_empty() {
+        scan.arg("MATCH").arg(match_prefix(prefix));
+    }
+    let (next, batch): (u64, Vec<(String, String)>) =
+        scan.arg("COUNT").arg(count.max(1)).query_async(conn).await.map_err(keys.redis_error("list jobs"))?;
     if batch.is_empty() {
         return Ok((next, Vec::new()));
     }

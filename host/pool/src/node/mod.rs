@@ -37,7 +37,7 @@ use crate::keys::{MAX_SLOT_GROUPS, PoolKeys, SLOTS_MAP, WORKERS_MAP, validate_po
 use crate::options::NodeOptions;
 use crate::worker::WorkerHandle;
 
-pub use listing::{JobCounts, NodeInfo, WorkerInfo};
+pub use listing::{JobCounts, JobsPage, JobsQuery, MAX_PAGE, MAX_SCANS, NodeInfo, WorkerInfo};
 pub use releases::RefusedRelease;
 pub use rollout::{Rollout, RolloutOutcome, RolloutState};
 pub use view::PoolView;

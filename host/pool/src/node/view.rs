@@ -5,7 +5,10 @@ use std::collections::HashMap;
 
 use pulse_rmap::{Map, MapOptions};
 
-use super::listing::{NodeInfo, WorkerInfo, all_jobs, merge_workers, nodes_of, status, workers_of};
+use super::listing::{
+    JobsPage, JobsQuery, NodeInfo, WorkerInfo, all_jobs, collect, jobs_page, join_cursor, merge_workers,
+    nodes_of, split_cursor, status, workers_of,
+};
 use crate::error::Result;
 use crate::job::JobInfo;
 use crate::keys::{PoolKeys, SLOTS_MAP, WORKERS_MAP, validate_pool};
@@ -94,6 +97,27 @@ impl PoolView {
             jobs.extend(all_jobs(&mut self.conn.clone(), keys).await?);
         }
         Ok(jobs)
+    }
+
+    /// A page of the jobs `query` asks for (see [`JobsQuery`]): the same
+    /// pages as [`super::Node::list_jobs`].
+    ///
+    /// # Errors
+    /// Redis failures.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    pub async fn list_jobs(&self, query: &JobsQuery) -> Result<JobsPage> {
+        let groups = self.groups.len() as u64;
+        collect(query, |cursor, count| async move {
+            let (group, inner) = split_cursor(cursor);
+            let Some(keys) = usize::try_from(group).ok().and_then(|group| self.groups.get(group)) else {
+                return Ok((0, Vec::new()));
+            };
+            let page = jobs_page(&mut self.conn.clone(), keys, inner, count, &query.prefix).await?;
+            join_cursor(group, groups, page)
+        })
+        .await
     }
 
     /// The pool's workers, by join number.

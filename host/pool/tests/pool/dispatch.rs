@@ -211,6 +211,56 @@ async fn counts_by_state_and_pages_of_jobs_cover_the_pool() {
     keys.sort();
     keys.dedup();
     assert_eq!(keys.len(), 59, "57 jobs, early and broken, each listed");
+
+    // Listings filtered by key prefix and state, page by page, from a
+    // node and from a view: the same jobs. Glob characters in a prefix
+    // are taken as they are.
+    for (key, payload) in [("glob*1", &b"x"[..]), ("globa1", b"x"), ("glob?", b"fatal")] {
+        node.dispatch(key, payload).await.unwrap();
+    }
+    let view = pulse_pool::PoolView::open(&client(), &pool).await.unwrap();
+    let every = |query: pulse_pool::JobsQuery| {
+        let (node, view) = (&node, &view);
+        async move {
+            let (mut from_node, mut from_view) = (Vec::new(), Vec::new());
+            for (pages, out) in [(true, &mut from_node), (false, &mut from_view)] {
+                let mut query = query.clone();
+                loop {
+                    let page = match pages {
+                        true => node.list_jobs(&query).await.unwrap(),
+                        false => view.list_jobs(&query).await.unwrap(),
+                    };
+                    out.extend(page.jobs.into_iter().map(|job| (job.key, job.state.as_str())));
+                    match page.next_cursor {
+                        Some(next) => query.cursor = next,
+                        None => break,
+                    }
+                }
+                out.sort();
+                out.dedup();
+            }
+            assert_eq!(from_node, from_view);
+            from_node
+        }
+    };
+    let query = |prefix: &str, state| pulse_pool::JobsQuery {
+        state,
+        prefix: prefix.to_owned(),
+        limit: 4,
+        ..Default::default()
+    };
+    let job_1 = every(query("job-1", None)).await;
+    assert_eq!(job_1.len(), 11, "job-1 and job-10 to job-19: {job_1:?}");
+    let keys: Vec<String> = every(query("glob*", None)).await.into_iter().map(|(key, _)| key).collect();
+    assert_eq!(keys, ["glob*1"], "`*` is no wildcard in a prefix");
+    let failed = every(query("", Some(pulse_pool::JobState::Failed))).await;
+    let failed: Vec<&str> = failed.iter().map(|(key, _)| key.as_str()).collect();
+    assert_eq!(failed, ["broken", "glob?"]);
+    assert!(every(query("nothing-", None)).await.is_empty());
+    for key in ["glob*1", "globa1", "glob?"] {
+        node.stop(key).await.unwrap();
+        node.forget(key).await.unwrap();
+    }
     node.forget("broken").await.unwrap();
     assert_eq!(node.job_counts().await.unwrap().failed, 0);
     finish(&pool, &[&node, &waiting]).await;
