@@ -222,13 +222,19 @@ impl Http {
                 names: config.allowed_hosts.clone(),
             },
         });
+        let tls = match &config.tls {
+            Some((cert, key)) => Some(pulse_http::tls_config(cert, key).map_err(anyhow::Error::msg)?),
+            None => None,
+        };
+        let scheme = if tls.is_some() { "https" } else { "http" };
         let serving = pulse_http::ServeOptions {
             header_timeout: config.header_timeout,
             idle_timeout: config.idle_timeout,
             max_connections: config.max_connections as usize,
+            tls,
         };
         let task = tokio::spawn(pulse_http::serve(listener, api.clone(), shutdown.clone(), serving));
-        tracing::info!(%address, "serving the HTTP API, metrics and status page on http://{address}/");
+        tracing::info!(%address, "serving the HTTP API, metrics and status page on {scheme}://{address}/");
         Ok(Self { api, address, shutdown, task })
     }
 

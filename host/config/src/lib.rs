@@ -97,6 +97,9 @@ pub struct HttpConfig {
     /// `max_connections`: connections served at once; more wait in the
     /// kernel's backlog.
     pub max_connections: u32,
+    /// `tls_cert_file` and `tls_key_file` (PEM): the API serves HTTPS
+    /// with them; plain HTTP without.
+    pub tls: Option<(PathBuf, PathBuf)>,
 }
 
 /// `[redis]`.

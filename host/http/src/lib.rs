@@ -30,7 +30,7 @@ mod pools;
 mod serve;
 
 pub use guard::AllowedHosts;
-pub use serve::{ServeOptions, serve};
+pub use serve::{ServeOptions, serve, tls_config};
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU8, Ordering};

@@ -1,6 +1,7 @@
 //! Connections: accepted up to a limit, each closed when its client takes
-//! too long to send a request's headers or stays silent too long, so that
-//! slow or idle clients cannot hold the host's sockets and tasks.
+//! too long to send a request's headers (or to finish the TLS handshake)
+//! or stays silent too long, so that slow or idle clients cannot hold the
+//! host's sockets and tasks. Over TLS when `ServeOptions::tls` says so.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,7 +17,7 @@ use tokio_util::task::TaskTracker;
 use crate::{Api, router};
 
 /// How connections are served.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ServeOptions {
     /// The longest a client may take to send a request's headers.
     pub header_timeout: Duration,
@@ -24,6 +25,40 @@ pub struct ServeOptions {
     pub idle_timeout: Duration,
     /// Connections served at once; more wait in the listen backlog.
     pub max_connections: usize,
+    /// HTTPS with this configuration (see [`tls_config`]); plain HTTP
+    /// when `None`.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+}
+
+/// The TLS configuration of a server with the certificate chain in PEM
+/// file `cert` and its private key in PEM file `key`.
+///
+/// # Errors
+/// What is wrong with the files, naming them.
+pub fn tls_config(
+    cert: &std::path::Path,
+    key: &std::path::Path,
+) -> Result<Arc<rustls::ServerConfig>, String> {
+    use rustls::pki_types::pem::PemObject as _;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let chain = CertificateDer::pem_file_iter(cert)
+        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+        .map_err(|error| format!("http.tls_cert_file {}: {error}", cert.display()))?;
+    if chain.is_empty() {
+        return Err(format!("http.tls_cert_file {}: no certificate in it (PEM expected)", cert.display()));
+    }
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|error| {
+        format!("http.tls_key_file {}: {error} (a PEM private key expected)", key.display())
+    })?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|error| error.to_string())?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .map_err(|error| format!("http.tls_cert_file and http.tls_key_file do not go together: {error}"))?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
 }
 
 impl Default for ServeOptions {
@@ -32,6 +67,7 @@ impl Default for ServeOptions {
             header_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
             max_connections: 1024,
+            tls: None,
         }
     }
 }
@@ -72,25 +108,18 @@ pub async fn serve(
             () = shutdown.cancelled() => break,
         };
         let service = TowerToHyperService::new(router.clone());
-        let shutdown = shutdown.clone();
+        let (shutdown, options) = (shutdown.clone(), options.clone());
         connections.spawn(async move {
             let _slot = slot;
             let (io, activity) = Watched::new(stream);
-            let mut builder = hyper::server::conn::http1::Builder::new();
-            builder.timer(TokioTimer::new()).header_read_timeout(options.header_timeout);
-            let connection = builder.serve_connection(TokioIo::new(io), service);
-            tokio::pin!(connection);
-            let mut closing = false;
-            loop {
-                tokio::select! {
-                    _ = connection.as_mut() => break,
-                    () = activity.idle(options.idle_timeout), if !closing => {
-                        closing = true;
-                        connection.as_mut().graceful_shutdown();
-                    }
-                    () = shutdown.cancelled(), if !closing => {
-                        closing = true;
-                        connection.as_mut().graceful_shutdown();
+            match options.tls.clone() {
+                None => serve_connection(io, activity, service, &options, shutdown).await,
+                Some(tls) => {
+                    let handshake = tokio_rustls::TlsAcceptor::from(tls).accept(io);
+                    match tokio::time::timeout(options.header_timeout, handshake).await {
+                        Ok(Ok(io)) => serve_connection(io, activity, service, &options, shutdown).await,
+                        Ok(Err(error)) => tracing::debug!(error = %error, "TLS handshake failed"),
+                        Err(_) => tracing::debug!("TLS handshake timed out"),
                     }
                 }
             }
@@ -99,6 +128,37 @@ pub async fn serve(
     connections.close();
     connections.wait().await;
     Ok(())
+}
+
+/// Serves HTTP/1.1 on `io` until the client is done, stays idle too long,
+/// or `shutdown` is cancelled (then the request in flight finishes).
+async fn serve_connection<I>(
+    io: I,
+    activity: Activity,
+    service: TowerToHyperService<axum::Router>,
+    options: &ServeOptions,
+    shutdown: CancellationToken,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder.timer(TokioTimer::new()).header_read_timeout(options.header_timeout);
+    let connection = builder.serve_connection(TokioIo::new(io), service);
+    tokio::pin!(connection);
+    let mut closing = false;
+    loop {
+        tokio::select! {
+            _ = connection.as_mut() => break,
+            () = activity.idle(options.idle_timeout), if !closing => {
+                closing = true;
+                connection.as_mut().graceful_shutdown();
+            }
+            () = shutdown.cancelled(), if !closing => {
+                closing = true;
+                connection.as_mut().graceful_shutdown();
+            }
+        }
+    }
 }
 
 /// When a byte last moved on a connection: ms since it was accepted.

@@ -499,3 +499,69 @@ async fn a_token_guards_everything_but_health_and_bodies_have_limits() {
     assert!(matches!(unconfirmed, Some(1.0 | 2.0)), "{unconfirmed:?}");
     assert_eq!(api.host.terminate(), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_serves_https_with_the_configured_certificate_and_nothing_in_clear() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let server = pulse_testkit::RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let names = vec!["127.0.0.1".to_owned(), "localhost".to_owned()];
+    let rcgen::CertifiedKey { cert, signing_key } = rcgen::generate_simple_self_signed(names).unwrap();
+    std::fs::write(dir.path().join("api.crt"), cert.pem()).unwrap();
+    std::fs::write(dir.path().join("api.key"), signing_key.serialize_pem()).unwrap();
+    let config = crate::write_config(
+        dir.path(),
+        &[("echo", pulse_testkit::plugins::ECHO, "")],
+        "[http]\nlisten = \"127.0.0.1:0\"\ntls_cert_file = \"api.crt\"\ntls_key_file = \"api.key\"\n",
+    );
+    let log = dir.path().join("host.log");
+    let _host = Host::start_logging(&config, Some(server.url()), &log);
+    let deadline = Instant::now() + PATIENCE;
+    let address = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if let Some(address) =
+            text.split("status page on https://").nth(1).and_then(|rest| rest.split('/').next())
+        {
+            break address.to_owned();
+        }
+        assert!(Instant::now() < deadline, "the host did not serve HTTPS; its log:\n{text}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    crate::wait_for_workers(&config, Some(server.url()), "echo", 1);
+
+    // A client that trusts the configured certificate gets the API.
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(cert.der().clone()).unwrap();
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let client = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(client));
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let tcp = tokio::net::TcpStream::connect(&address).await.unwrap();
+    let mut tls = connector.connect(name, tcp).await.unwrap();
+    tls.write_all(
+        format!("GET /api/pools HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut answer = String::new();
+    tls.read_to_string(&mut answer).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("\"name\":\"echo\""), "{answer}");
+
+    // Plain HTTP on the same port gets no HTTP answer.
+    let mut plain = tokio::net::TcpStream::connect(&address).await.unwrap();
+    plain
+        .write_all(
+            format!("GET /api/pools HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+    let mut bytes = Vec::new();
+    let _ =
+        tokio::time::timeout(PATIENCE, plain.read_to_end(&mut bytes)).await.expect("the server closes it");
+    assert!(!bytes.starts_with(b"HTTP/"), "{}", String::from_utf8_lossy(&bytes));
+}

@@ -436,9 +436,23 @@ impl Check<'_> {
                 valid.then_some(name)
             })
             .collect();
+        let tls = match (&http.tls_cert_file, &http.tls_key_file) {
+            (Some(cert), Some(key)) => {
+                Some((self.file("http.tls_cert_file", base, cert), self.file("http.tls_key_file", base, key)))
+            }
+            (Some(one), None) | (None, Some(one)) => {
+                self.problem(
+                    one,
+                    "`http.tls_cert_file` and `http.tls_key_file` go together: set both".into(),
+                );
+                None
+            }
+            (None, None) => None,
+        };
         HttpConfig {
             listen,
             token,
+            tls,
             max_body,
             allowed_hosts,
             header_timeout: self.duration(

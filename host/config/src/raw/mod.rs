@@ -89,6 +89,8 @@ struct Http {
     header_timeout: Option<Spanned<String>>,
     idle_timeout: Option<Spanned<String>>,
     max_connections: Option<Spanned<u64>>,
+    tls_cert_file: Option<Spanned<String>>,
+    tls_key_file: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize, Default)]

@@ -365,3 +365,18 @@ fn a_setting_table_is_exactly_one_of_env_or_file_and_anything_else_is_refused_wi
         assert!(!message.contains("secret-value"), "{setting}: values are not shown: {message}");
     }
 }
+
+#[test]
+fn the_api_certificate_and_key_go_together() {
+    let dir = tempfile::tempdir().unwrap();
+    let config_path = dir.path().join("config.toml");
+    std::fs::write(dir.path().join("api.crt"), "x").unwrap();
+    std::fs::write(dir.path().join("api.key"), "x").unwrap();
+    let text = "[http]\ntls_cert_file = \"api.crt\"\n";
+    let message = parse(&config_path, text).unwrap_err().to_string();
+    assert!(message.contains("`http.tls_cert_file` and `http.tls_key_file` go together: set both"), "{message}");
+    let text = "[http]\ntls_cert_file = \"api.crt\"\ntls_key_file = \"api.key\"\n";
+    let config = parse(&config_path, text).unwrap();
+    let (cert, key) = config.http.unwrap().tls.unwrap();
+    assert_eq!((cert, key), (dir.path().join("api.crt"), dir.path().join("api.key")));
+}
