@@ -36,9 +36,11 @@ pub enum HandlerError {
     /// worker's, unstarted and without counting an attempt, with the
     /// events sent to it meanwhile, until the worker leaves: then it goes
     /// back to the pool, events and all, and starts on its next worker
-    /// from the state it saved. A notification so answered is answered
-    /// with the message (the job stays). A release on trial answers so
-    /// for the jobs it fails (see the host's upgrade gate).
+    /// from the state it saved. A notification so answered holds its
+    /// running job the same way, from that notification on (it is
+    /// delivered again, and answered, by the next worker). A release on
+    /// trial answers so for the jobs it fails (see the host's upgrade
+    /// gate).
     #[error("held: {0}")]
     Held(String),
 }

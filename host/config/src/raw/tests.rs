@@ -374,7 +374,10 @@ fn the_api_certificate_and_key_go_together() {
     std::fs::write(dir.path().join("api.key"), "x").unwrap();
     let text = "[http]\ntls_cert_file = \"api.crt\"\n";
     let message = parse(&config_path, text).unwrap_err().to_string();
-    assert!(message.contains("`http.tls_cert_file` and `http.tls_key_file` go together: set both"), "{message}");
+    assert!(
+        message.contains("`http.tls_cert_file` and `http.tls_key_file` go together: set both"),
+        "{message}"
+    );
     let text = "[http]\ntls_cert_file = \"api.crt\"\ntls_key_file = \"api.key\"\n";
     let config = parse(&config_path, text).unwrap();
     let (cert, key) = config.http.unwrap().tls.unwrap();

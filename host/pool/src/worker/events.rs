@@ -214,10 +214,41 @@ impl<H: JobHandler> Worker<H> {
                     }
                     self.reply(&event, Outcome::Failed, &message);
                 }
+                Err(HandlerError::Held(message)) => self.hold(event, &message),
                 Err(error) => self.reply(&event, Outcome::Error, &error.to_string()),
             },
         }
         VecDeque::new()
+    }
+
+    /// A running job whose notification the handler held: it waits, as
+    /// if unstarted, with that notification and the events after it, until
+    /// the worker leaves; then it goes back to the pool with them and
+    /// starts again from its saved state on its next worker, where each
+    /// event is answered (see [`HandlerError::Held`]).
+    fn hold(&mut self, event: InboxEvent, why: &str) {
+        let Some(running) = self.running.remove(&event.key) else {
+            self.reply(&event, Outcome::Error, why);
+            return;
+        };
+        tracing::info!(job.key = %event.key, reason = %why, "job held until the worker leaves");
+        let job = running.job;
+        let start = InboxEvent {
+            kind: Kind::Start {
+                attempt: job.attempt,
+                requeued: true,
+                created_at_ms: Some(job.created_at_ms),
+                payload: job.payload.clone(),
+                state: None,
+            },
+            key: event.key.clone(),
+            token: running.token,
+            seq: running.last_seq,
+            reply: String::new(),
+            request: String::new(),
+        };
+        let key = event.key.clone();
+        self.retrying.insert(key, Retrying { event: start, job, waiting: VecDeque::from([event]) });
     }
 
     async fn started(

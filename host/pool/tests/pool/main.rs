@@ -97,11 +97,18 @@ impl Calls {
 pub struct Recording {
     calls: Calls,
     workers: Arc<Mutex<HashMap<String, String>>>,
+    /// Holds (`HandlerError::Held`) a notification `hold`.
+    holds: bool,
 }
 
 impl Recording {
     pub fn new(calls: &Calls) -> Self {
-        Self { calls: calls.clone(), workers: Arc::default() }
+        Self { calls: calls.clone(), workers: Arc::default(), holds: false }
+    }
+
+    /// A recording handler that holds the notification `hold`.
+    pub fn holding(calls: &Calls) -> Self {
+        Self { holds: true, ..Self::new(calls) }
     }
 
     fn worker_of(&self, key: &str) -> String {
@@ -148,6 +155,7 @@ impl JobHandler for Recording {
         match payload.as_slice() {
             b"fatal" => Err(HandlerError::Fatal("notification failed on purpose".into())),
             b"oops" => Err(HandlerError::Retryable("notification not handled".into())),
+            b"hold" if self.holds => Err(HandlerError::Held("not on this worker".into())),
             _ => Ok(()),
         }
     }

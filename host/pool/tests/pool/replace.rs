@@ -172,3 +172,74 @@ async fn a_held_start_goes_with_its_events_and_its_dispatcher_to_the_heir_when_i
     );
     finish(&pool, &[&node]).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_notification_goes_with_its_running_job_and_the_events_after_it_to_the_heir() {
+    let pool = unique("held_notify");
+    let calls = crate::Calls::default();
+    pulse_testkit::init_tracing();
+    let node =
+        std::sync::Arc::new(pulse_pool::Node::join(&crate::client(), &pool, crate::options()).await.unwrap());
+    let holder = node.add_worker(Recording::holding(&calls)).await.unwrap();
+    assert_eq!(node.dispatch("r1", b"").await.unwrap(), DispatchOutcome::Started);
+    // The first notification is held; the next two wait behind it.
+    let first = tokio::spawn({
+        let node = node.clone();
+        async move { node.notify("r1", b"hold").await.unwrap() }
+    });
+    calls
+        .wait_until("the notification reached the holder", |c| {
+            c.iter().any(|c| matches!(c, Call::Notify { .. }))
+        })
+        .await;
+    let later: Vec<_> = ["n2", "n3"]
+        .into_iter()
+        .map(|payload| {
+            let node = node.clone();
+            tokio::spawn(async move { node.notify("r1", payload.as_bytes()).await.unwrap() })
+        })
+        .collect();
+    let mut conn = pulse_testkit::connect(pulse_testkit::shared_redis_url()).await;
+    let deadline = tokio::time::Instant::now() + crate::PATIENCE;
+    loop {
+        let ownership: String = redis::cmd("HGET")
+            .arg(format!("pulse:{{{pool}}}:jobs"))
+            .arg("r1")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if ownership.ends_with("|3") {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the notifications were not sent: {ownership}");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+
+    let heir = node.replace_worker(&holder, Recording::new(&calls), WorkerOptions::default()).await.unwrap();
+    assert_eq!(first.await.unwrap(), EventOutcome::Done, "the heir answered the held notification");
+    for notify in later {
+        assert_eq!(notify.await.unwrap(), EventOutcome::Done);
+    }
+    let on_heir: Vec<Call> = calls
+        .of("r1")
+        .into_iter()
+        .filter(|c| matches!(c, Call::Start { worker, .. } | Call::Notify { worker, .. } if *worker == heir))
+        .collect();
+    assert!(matches!(&on_heir[0], Call::Start { requeued: true, attempt: 1, .. }), "{on_heir:?}");
+    let payloads: Vec<&[u8]> = on_heir[1..]
+        .iter()
+        .map(|c| match c {
+            Call::Notify { payload, .. } => payload.as_slice(),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(payloads.len(), 3, "{on_heir:?}");
+    assert_eq!(payloads[0], b"hold", "the held notification first");
+    let on_holder = calls
+        .of("r1")
+        .into_iter()
+        .filter(|c| matches!(c, Call::Notify { worker, .. } if *worker == holder))
+        .count();
+    assert_eq!(on_holder, 1, "the holder saw only the notification it held");
+    finish(&pool, &[&node]).await;
+}
