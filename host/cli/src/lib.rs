@@ -9,6 +9,7 @@
 mod adapter;
 pub mod defaults;
 mod gate;
+pub mod local;
 mod reload;
 mod rollout;
 pub mod run;

@@ -16,7 +16,7 @@ mod client;
 mod embedded;
 mod jobs_file;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -202,6 +202,25 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Runs a job handler component in this process, without Redis, on a
+    /// clock of its own, as SCRIPT says (steps `start KEY [PAYLOAD]`,
+    /// `notify KEY PAYLOAD`, `advance 5s`, `stop KEY`, `crash-and-move
+    /// KEY`, one a line); prints what it emits, saves and logs. Exit 5
+    /// when it traps.
+    Try {
+        /// The component (`.wasm`).
+        plugin: PathBuf,
+        /// The script.
+        script: PathBuf,
+        /// A setting of the plugin, `KEY=VALUE` (repeatable), as in
+        /// `[plugin.settings]`.
+        #[arg(long = "settings", value_name = "KEY=VALUE")]
+        settings: Vec<String>,
+        /// A host the plugin's jobs may send HTTP requests to, as in
+        /// `allowed_outbound_hosts` (repeatable).
+        #[arg(long = "allow-outbound", value_name = "HOST")]
+        allow_outbound: Vec<String>,
+    },
     /// Prints what the plugins of a pool emitted.
     Events {
         #[arg(long)]
@@ -216,8 +235,15 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let default_level = if matches!(cli.command, Command::Run | Command::Check) { "info" } else { "warn" };
+    let default_level = if matches!(cli.command, Command::Run | Command::Check | Command::Try { .. }) {
+        "info"
+    } else {
+        "warn"
+    };
     init_logs(cli.log_format, default_level);
+    if let Command::Try { plugin, script, settings, allow_outbound } = &cli.command {
+        return try_plugin(plugin, script, settings, allow_outbound);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
@@ -227,6 +253,31 @@ fn main() -> ExitCode {
     };
     match runtime.block_on(execute(cli)) {
         Ok(code) => code,
+        Err(error) => {
+            eprintln!("pulse-host: {error:#}");
+            ExitCode::from(exit::ERROR)
+        }
+    }
+}
+
+/// `try`: on a current-thread runtime whose clock stands still but for
+/// the script's `advance` steps.
+fn try_plugin(plugin: &Path, script: &Path, settings: &[String], allow_outbound: &[String]) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("pulse-host: failed to start the async runtime: {error}");
+            return ExitCode::from(exit::ERROR);
+        }
+    };
+    let tried = runtime.block_on(async {
+        let loaded = pulse_host::local::load(plugin, settings, allow_outbound)?;
+        pulse_host::local::run(&loaded, script).await
+    });
+    match tried {
+        Ok(false) => ExitCode::from(exit::OK),
+        Ok(true) => ExitCode::from(exit::FAILED),
         Err(error) => {
             eprintln!("pulse-host: {error:#}");
             ExitCode::from(exit::ERROR)
@@ -360,7 +411,7 @@ async fn client_command(
         | Command::Retry { pool, .. }
         | Command::Forget { pool, .. }
         | Command::Shutdown { pool, .. } => pool.clone(),
-        Command::Run | Command::Check => unreachable!("handled above"),
+        Command::Run | Command::Check | Command::Try { .. } => unreachable!("handled above"),
     };
     let node = client::connect(client, &pool, options).await?;
     let result = answer(&node, command).await;

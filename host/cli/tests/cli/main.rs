@@ -29,6 +29,7 @@ mod languages;
 mod outbound;
 mod schedules;
 mod status_page;
+mod tries;
 mod upgrades;
 
 use std::path::{Path, PathBuf};
