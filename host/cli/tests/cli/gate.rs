@@ -54,6 +54,16 @@ impl Pool {
         std::fs::write(&self.config, text).unwrap();
     }
 
+    /// Starts two hosts of the pool, logging to `log_a` and `log_b`, and
+    /// waits for their workers.
+    fn two_hosts(&self, redis: Option<&str>, log_a: &Path, log_b: &Path) -> (Host, Host) {
+        let a = Host::start_logging(&self.config, redis, log_a);
+        wait_for_workers(&self.config, redis, "count", 2);
+        let b = Host::start_logging(&self.config, redis, log_b);
+        wait_for_workers(&self.config, redis, "count", 4);
+        (a, b)
+    }
+
     fn log(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
@@ -122,10 +132,7 @@ fn a_release_that_cannot_read_saved_state_is_undone_by_itself_and_refused_by_the
     let redis = Some(server.url());
     let pool = Pool::new("");
     let (log_a, log_b) = (pool.log("a.log"), pool.log("b.log"));
-    let a = Host::start_logging(&pool.config, redis, &log_a);
-    wait_for_workers(&pool.config, redis, "count", 2);
-    let b = Host::start_logging(&pool.config, redis, &log_b);
-    wait_for_workers(&pool.config, redis, "count", 4);
+    let (a, b) = pool.two_hosts(redis, &log_a, &log_b);
     pool.dispatch(redis, JOBS);
     let v1 = sha256(&pool.plugin);
 
@@ -217,10 +224,7 @@ fn a_host_killed_while_its_new_release_is_on_trial_loses_no_job() {
     let node = "[node]\nlease_ttl = \"2s\"\n";
     let pool = Pool::new(node);
     let (log_a, log_b) = (pool.log("a.log"), pool.log("b.log"));
-    let a = Host::start_logging(&pool.config, redis, &log_a);
-    wait_for_workers(&pool.config, redis, "count", 2);
-    let _b = Host::start_logging(&pool.config, redis, &log_b);
-    wait_for_workers(&pool.config, redis, "count", 4);
+    let (a, _b) = pool.two_hosts(redis, &log_a, &log_b);
     pool.dispatch(redis, JOBS);
     let v1 = sha256(&pool.plugin);
 
@@ -254,10 +258,7 @@ fn a_release_announced_for_the_pool_goes_through_its_hosts_in_turn_and_is_undone
     let redis = Some(server.url());
     let pool = Pool::judged_for("2s", "");
     let (log_a, log_b) = (pool.log("a.log"), pool.log("b.log"));
-    let _a = Host::start_logging(&pool.config, redis, &log_a);
-    wait_for_workers(&pool.config, redis, "count", 2);
-    let _b = Host::start_logging(&pool.config, redis, &log_b);
-    wait_for_workers(&pool.config, redis, "count", 4);
+    let _hosts = pool.two_hosts(redis, &log_a, &log_b);
     pool.dispatch(redis, JOBS);
     let v1 = sha256(&pool.plugin);
     let rollout = |action: &str, args: &[&str]| {
@@ -371,10 +372,7 @@ fn a_rollout_undone_half_way_leaves_every_host_on_its_first_release() {
     let redis = Some(server.url());
     let pool = Pool::judged_for("3s", "");
     let (log_a, log_b) = (pool.log("a.log"), pool.log("b.log"));
-    let _a = Host::start_logging(&pool.config, redis, &log_a);
-    wait_for_workers(&pool.config, redis, "count", 2);
-    let _b = Host::start_logging(&pool.config, redis, &log_b);
-    wait_for_workers(&pool.config, redis, "count", 4);
+    let _hosts = pool.two_hosts(redis, &log_a, &log_b);
     pool.dispatch(redis, JOBS);
     let v1 = sha256(&pool.plugin);
     let v2_file = path(COUNTER_V2);

@@ -124,21 +124,7 @@ async fn a_held_start_goes_with_its_events_and_its_dispatcher_to_the_heir_when_i
         .collect();
     // All three reach the holder's inbox (the job's sequence number is 3)
     // before it is replaced: they go with the job, not after it.
-    let mut conn = pulse_testkit::connect(pulse_testkit::shared_redis_url()).await;
-    let deadline = tokio::time::Instant::now() + crate::PATIENCE;
-    loop {
-        let ownership: String = redis::cmd("HGET")
-            .arg(format!("pulse:{{{pool}}}:jobs"))
-            .arg("h1")
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        if ownership.ends_with("|3") {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "the notifications were not sent: {ownership}");
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    wait_for_seq(&pool, "h1", 3).await;
     let status = node.status("h1").await.unwrap().unwrap();
     assert_eq!(status.state, pulse_pool::JobState::Running, "a held start is the worker's: {status:?}");
 
@@ -199,21 +185,7 @@ async fn a_held_notification_goes_with_its_running_job_and_the_events_after_it_t
             tokio::spawn(async move { node.notify("r1", payload.as_bytes()).await.unwrap() })
         })
         .collect();
-    let mut conn = pulse_testkit::connect(pulse_testkit::shared_redis_url()).await;
-    let deadline = tokio::time::Instant::now() + crate::PATIENCE;
-    loop {
-        let ownership: String = redis::cmd("HGET")
-            .arg(format!("pulse:{{{pool}}}:jobs"))
-            .arg("r1")
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        if ownership.ends_with("|3") {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "the notifications were not sent: {ownership}");
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    wait_for_seq(&pool, "r1", 3).await;
 
     let heir = node.replace_worker(&holder, Recording::new(&calls), WorkerOptions::default()).await.unwrap();
     assert_eq!(first.await.unwrap(), EventOutcome::Done, "the heir answered the held notification");
@@ -242,4 +214,24 @@ async fn a_held_notification_goes_with_its_running_job_and_the_events_after_it_t
         .count();
     assert_eq!(on_holder, 1, "the holder saw only the notification it held");
     finish(&pool, &[&node]).await;
+}
+
+/// Waits until job `key` of `pool` has had `seq` events sent to it (its
+/// sequence number in the jobs hash): they are in its worker's inbox.
+async fn wait_for_seq(pool: &str, key: &str, seq: u64) {
+    let mut conn = pulse_testkit::connect(pulse_testkit::shared_redis_url()).await;
+    let deadline = tokio::time::Instant::now() + crate::PATIENCE;
+    loop {
+        let ownership: String = redis::cmd("HGET")
+            .arg(format!("pulse:{{{pool}}}:jobs"))
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if ownership.ends_with(&format!("|{seq}")) {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{seq} events were not sent to {key}: {ownership}");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
 }
