@@ -31,12 +31,10 @@ use std::sync::Arc;
 use pulse_config::{Config, PluginConfig};
 use pulse_pool::Node;
 
-use crate::adapter::WasmHandler;
 use crate::gate::{Gate, Record, Verdict};
 use crate::run::Signals;
 use crate::serve::{
-    Component, Host, LoadedPlugin, LoadedProducer, Served, ServedWorker, check_claim, load_plugin,
-    load_producer,
+    Component, Host, LoadedPlugin, LoadedProducer, Served, check_claim, load_plugin, load_producer,
 };
 
 /// What a reload changed.
@@ -305,18 +303,14 @@ impl Host<'_> {
             Gate { window: config.upgrade_window, max_failed_percent: config.upgrade_max_failed_percent };
         tracing::info!(pool = %config.pool, plugin = %config.name, from = %served.loaded.release, to = %loaded.release, window = ?gate.window, "replacing the plugin's workers one at a time, each judged by the upgrade gate");
         let options = crate::serve::worker_options(&config, &loaded.release);
+        let judged = !gate.window.is_zero();
         for at in 0..served.workers.len() {
-            let judged = !gate.window.is_zero();
             let record = Arc::new(if judged { Record::on_trial() } else { Record::default() });
-            let handler = WasmHandler::new(&loaded.plugin, record.clone());
-            let old = &served.workers[at];
-            let heir = served.node.replace_worker(&old.id, handler, options.clone()).await?;
-            tracing::info!(pool = %config.pool, worker = %heir, replaced = %old.id, release = %loaded.release, "worker replaced");
-            let before = old.record.figures();
-            served.workers[at] = ServedWorker { id: heir.clone(), record: record.clone() };
+            let before = served.replace_worker(at, &loaded.plugin, &options, record.clone()).await?.figures();
             if !judged {
                 continue;
             }
+            let heir = &served.workers[at].id;
             let trial = crate::gate::TrialMetrics::start(&config.pool);
             let verdict = gate.judge(&record, before, signals.interrupted()).await;
             trial.verdict(&verdict, record.held_count());
@@ -372,12 +366,9 @@ impl Host<'_> {
             served.node.record_handler(&identity).await?;
         }
         let options = crate::serve::worker_options(&served.config, &served.loaded.release);
-        for worker in &mut served.workers[..replaced] {
-            let record = Arc::new(Record::default());
-            let handler = WasmHandler::new(&served.loaded.plugin, record.clone());
-            let heir = served.node.replace_worker(&worker.id, handler, options.clone()).await?;
-            tracing::info!(pool = %config.pool, worker = %heir, replaced = %worker.id, release = %served.loaded.release, "worker replaced back");
-            *worker = ServedWorker { id: heir, record };
+        let plugin = served.loaded.plugin.clone();
+        for at in 0..replaced {
+            served.replace_worker(at, &plugin, &options, Arc::default()).await?;
         }
         tracing::warn!(pool = %config.pool, release = %new.release, refused = %new.release.digest, "release undone and refused for the pool; the workers run {} again", served.loaded.release);
         Ok(())

@@ -24,11 +24,9 @@ use std::time::Duration;
 use pulse_config::PluginConfig;
 use pulse_pool::{Rollout, RolloutOutcome, RolloutState};
 
-use crate::adapter::WasmHandler;
-use crate::gate::Record;
 use crate::reload::Upgraded;
 use crate::run::Signals;
-use crate::serve::{Component, Host, ServedWorker, check_claim, load_plugin};
+use crate::serve::{Component, Host, check_claim, load_plugin};
 
 /// How often a host reads the pool's rollout.
 pub(crate) const FOLLOW_EVERY: Duration = Duration::from_secs(1);
@@ -147,12 +145,8 @@ impl Host<'_> {
         served.node.record_handler(&crate::serve::identity(&config, &loaded.release)).await?;
         let options = crate::serve::worker_options(&config, &loaded.release);
         tracing::info!(pool, from = %served.loaded.release, to = %loaded.release, "the pool's rollout is undone: replacing the workers back one at a time");
-        for worker in &mut served.workers {
-            let record = Arc::new(Record::default());
-            let handler = WasmHandler::new(&loaded.plugin, record.clone());
-            let heir = served.node.replace_worker(&worker.id, handler, options.clone()).await?;
-            tracing::info!(pool, worker = %heir, replaced = %worker.id, release = %loaded.release, "worker replaced back");
-            *worker = ServedWorker { id: heir, record };
+        for at in 0..served.workers.len() {
+            served.replace_worker(at, &loaded.plugin, &options, Arc::default()).await?;
         }
         served.loaded = loaded;
         served.config = config;

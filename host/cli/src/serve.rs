@@ -333,6 +333,24 @@ impl<'a> Host<'a> {
 }
 
 impl Served {
+    /// Replaces worker `at` of the plugin by one running `plugin` as
+    /// `options` say, its handler counting in `record`
+    /// ([`Node::replace_worker`]: the old worker's jobs move to it);
+    /// returns the record of the worker replaced.
+    pub(crate) async fn replace_worker(
+        &mut self,
+        at: usize,
+        plugin: &pulse_runtime::Plugin,
+        options: &WorkerOptions,
+        record: Arc<Record>,
+    ) -> anyhow::Result<Arc<Record>> {
+        let handler = WasmHandler::new(plugin, record.clone());
+        let heir = self.node.replace_worker(&self.workers[at].id, handler, options.clone()).await?;
+        let old = std::mem::replace(&mut self.workers[at], ServedWorker { id: heir, record });
+        tracing::info!(pool = %self.config.pool, worker = %self.workers[at].id, replaced = %old.id, release = %options.release, "worker replaced");
+        Ok(old.record)
+    }
+
     /// Adds a worker of the plugin as loaded now.
     pub(crate) async fn add_worker(&mut self) -> anyhow::Result<()> {
         let options = worker_options(&self.config, &self.loaded.release);
