@@ -201,8 +201,6 @@ fn print_workers_to(out: &mut impl Write, workers: &[WorkerInfo]) {
     }
 }
 
-/// Which releases of its plugin a pool's workers run: per release, its
-/// workers, hosts and jobs; then every worker with its own.
 /// `rollout --clear DIGEST|all`: the exit code and what to print.
 pub async fn clear_refused(view: &PoolView, digest: &str) -> anyhow::Result<(u8, String)> {
     let all = digest == "all";
@@ -213,10 +211,12 @@ pub async fn clear_refused(view: &PoolView, digest: &str) -> anyhow::Result<(u8,
     }
     let cleared = view.clear_refused((!all).then_some(digest)).await?;
     Ok(match (cleared, all) {
-        (0, true) => (exit::OK, "the pool refuses no release".to_owned()),
-        (0, false) => (exit::NOT_FOUND_OR_EXISTS, format!("the pool does not refuse release {digest}")),
-        (_, true) => (exit::OK, "cleared every refused release: hosts bringing one try it again".to_owned()),
-        (_, false) => (exit::OK, format!("cleared release {digest}: hosts bringing it try it again")),
+        (false, true) => (exit::OK, "the pool refuses no release".to_owned()),
+        (false, false) => (exit::NOT_FOUND_OR_EXISTS, format!("the pool does not refuse release {digest}")),
+        (true, true) => {
+            (exit::OK, "cleared every refused release: hosts bringing one try it again".to_owned())
+        }
+        (true, false) => (exit::OK, format!("cleared release {digest}: hosts bringing it try it again")),
     })
 }
 
@@ -267,6 +267,9 @@ pub async fn set_rollout(view: &PoolView, state: RolloutState) -> anyhow::Result
     })
 }
 
+/// Which releases of its plugin a pool's workers run: per release, its
+/// workers, hosts and jobs; the rollout announced for the pool; then every
+/// worker with its own, and the releases the pool refuses.
 pub fn print_rollout(
     workers: &[WorkerInfo],
     recorded: Option<&str>,

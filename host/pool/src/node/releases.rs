@@ -91,15 +91,15 @@ impl PoolView {
     }
 
     /// Clears the pool's refusal of release `digest`, or of every release
-    /// (`None`): hosts bringing it try it again. Returns how many records
-    /// were cleared.
+    /// (`None`): hosts bringing it try it again. Returns whether the pool
+    /// refused any such release.
     ///
     /// # Errors
     /// Redis failures.
     ///
     /// # Cancel safety
     /// Cancel safe: one write, made or not.
-    pub async fn clear_refused(&self, digest: Option<&str>) -> Result<usize> {
+    pub async fn clear_refused(&self, digest: Option<&str>) -> Result<bool> {
         let keys: &PoolKeys = self.keys();
         let mut cmd = redis::cmd(if digest.is_some() { "HDEL" } else { "DEL" });
         cmd.arg(&keys.refused).arg(digest);
@@ -107,6 +107,6 @@ impl PoolView {
             .query_async(&mut self.conn.clone())
             .await
             .map_err(keys.redis_error("clear a refused release"))?;
-        Ok(cleared)
+        Ok(cleared > 0)
     }
 }
