@@ -102,6 +102,18 @@ fn say(line: &str) {
     let _ = out.flush();
 }
 
+impl Printed {
+    fn saved(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<u8>>> {
+        // Held for one map operation, never across an await.
+        self.saved.lock().unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    /// The state job `key` saved last.
+    fn state_of(&self, key: &str) -> Option<Vec<u8>> {
+        self.saved().get(key).cloned()
+    }
+}
+
 impl JobOutputs for Printed {
     fn emit<'a>(&'a self, key: &'a str, payload: Vec<u8>) -> BoxFuture<'a, Result<(), HostRefusal>> {
         say(&format!("emit {key}: {}", show(&payload)));
@@ -110,7 +122,7 @@ impl JobOutputs for Printed {
 
     fn save_state<'a>(&'a self, key: &'a str, state: Vec<u8>) -> BoxFuture<'a, Result<(), HostRefusal>> {
         say(&format!("state {key}: {}", show(&state)));
-        self.saved.lock().unwrap_or_else(|poison| poison.into_inner()).insert(key.to_owned(), state);
+        self.saved().insert(key.to_owned(), state);
         Box::pin(std::future::ready(Ok(())))
     }
 
@@ -174,16 +186,16 @@ pub async fn run(loaded: &Loaded, script: &Path) -> anyhow::Result<bool> {
     let steps = parse(&text).with_context(|| format!("{}", script.display()))?;
     let printed = Arc::new(Printed::default());
     let mut runner: JobRunner = plugin.runner(printed.clone());
-    let mut created = 0u64;
+    // Each job as it was started: what a move starts it with again.
+    let mut started: HashMap<String, Job> = HashMap::new();
     for (line, step) in steps {
         say(&format!("> {}", describe(&step)));
         let result = match step {
             Step::Start { key, payload } => {
-                created += 1;
-                let state =
-                    printed.saved.lock().unwrap_or_else(|poison| poison.into_inner()).get(&key).cloned();
-                let job = Job { key, payload, created_at_ms: created, requeued: false, attempt: 1, state };
-                runner.start(job).await
+                let created_at_ms = started.len() as u64 + 1;
+                let job = Job { key, payload, created_at_ms, requeued: false, attempt: 1, state: None };
+                started.insert(job.key.clone(), job.clone());
+                runner.start(Job { state: printed.state_of(&job.key), ..job }).await
             }
             Step::Notify { key, payload } => runner.notify(&key, payload).await,
             Step::Stop { key } => runner.stop(&key).await,
@@ -192,15 +204,16 @@ pub async fn run(loaded: &Loaded, script: &Path) -> anyhow::Result<bool> {
                 Ok(())
             }
             Step::CrashAndMove { key } => {
-                let payload = Vec::new();
                 runner.abandon(&key).await;
                 // A new runner: the job's next instance, as on another host.
                 let previous = std::mem::replace(&mut runner, plugin.runner(printed.clone()));
                 previous.close().await;
-                let state =
-                    printed.saved.lock().unwrap_or_else(|poison| poison.into_inner()).get(&key).cloned();
-                let job = Job { key, payload, created_at_ms: created, requeued: true, attempt: 1, state };
-                runner.start(job).await
+                let job = started.get(&key).cloned().unwrap_or_else(|| Job {
+                    key: key.clone(),
+                    attempt: 1,
+                    ..Job::default()
+                });
+                runner.start(Job { requeued: true, state: printed.state_of(&key), ..job }).await
             }
         };
         match result {

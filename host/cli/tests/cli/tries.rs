@@ -37,6 +37,12 @@ fn a_counter_ticks_on_the_scripts_clock_and_resumes_from_its_saved_state_after_a
     assert_eq!(values(&out, "state c1: "), ["1", "2", "3", "4", "5"], "{out}");
     assert_eq!(out.lines().filter(|line| *line == "ok").count(), 5, "every step went well: {out}");
     assert!(err.contains("start c1 at 3"), "the move restarted it from its state: {err}");
+    // A moved job keeps its payload: counting to 4, it completes there.
+    let script = "start c2 4\nadvance 2s\ncrash-and-move c2\nadvance 3s\n";
+    let (code, out, err) = try_script(COUNTER, &[], script);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(values(&out, "emit c2: "), ["1", "2", "3", "4"], "{out}");
+    assert!(out.contains("complete c2"), "the target came with the move: {out}");
     // A setting, as in [plugin.settings]: twice as many ticks.
     let (code, out, _) = try_script(COUNTER, &["--settings", "interval-ms=500"], "start c1\nadvance 2s\n");
     assert_eq!(code, 0);
