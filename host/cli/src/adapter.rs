@@ -171,6 +171,11 @@ impl JobOutputs for PoolOutputs {
         })
     }
 
+    fn call_scope(&self, key: &str) -> Option<Box<dyn Send>> {
+        let ctx = self.contexts.get(key)?;
+        Some(Box::new(ctx.call_scope()))
+    }
+
     fn may_run(&self, key: &str) -> bool {
         self.contexts.get(key).is_some_and(|ctx| ctx.is_live())
     }

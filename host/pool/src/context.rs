@@ -6,8 +6,7 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
-use crate::core::{Core, Emit, EmitQueue, WorkerFence, emit_cmd, written_flags};
-use crate::scripts;
+use crate::core::{CallScope, Core, EmitQueue, What, WorkerFence, Write};
 
 /// Why the pool refused a handler's request.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -113,36 +112,46 @@ impl JobContext {
         lost
     }
 
+    /// A call of the job's code runs from now until the scope is
+    /// dropped: what the job writes meanwhile (events, its state, its
+    /// completion) waits, and is written in one step when the call ends,
+    /// with the answer to the call when the worker made it (see
+    /// `core::emits`). The worker opens one around each handler call it
+    /// makes; open one around any other call of the job's code (a timer's).
+    pub fn call_scope(&self) -> CallScope {
+        self.emits.scope(&self.key)
+    }
+
     /// Stores the job's state; the next start of the job receives it.
+    ///
+    /// During a call (see [`Self::call_scope`]) the state is written with
+    /// the call's other writes when the call ends, and `Ok` means it is
+    /// queued: a state that reaches Redis after the job moved is dropped,
+    /// as it would have been refused. Otherwise it is written at once.
     ///
     /// # Errors
     /// [`ContextError`].
     ///
     /// # Cancel safety
-    /// Not cancel safe: once sent, the write happens whether or not the
-    /// future is polled to completion.
+    /// Not cancel safe: once queued or sent, the write happens whether or
+    /// not the future is polled to completion.
     pub async fn save_state(&self, state: &[u8]) -> Result<(), ContextError> {
         self.check_size(state.len())?;
-        let losses = self.core.lease.losses(&self.fence);
-        let keys = &self.core.keys;
-        let mut cmd = scripts::evalsha(&scripts::SAVE_STATE, &[keys.jobs.clone(), keys.record(&self.key)]);
-        cmd.arg(&self.key).arg(&self.token).arg(state);
-        let done: i64 = self.run(&scripts::SAVE_STATE, cmd).await?;
-        if done == 1 { Ok(()) } else { Err(self.refused(losses).await) }
+        self.write(What::State(state.to_vec()), false).await
     }
 
     /// Publishes an output event of the job on the pool's events stream
     /// (topic: the job's key).
     ///
     /// While the job's worker may run it, the event is queued and written,
-    /// fenced by the job's token, with the worker's next round trip: after
-    /// the events the job emitted before, and before the answer to the
-    /// call that emitted it and any later write of the job (see
-    /// `core::emits`). An event of a job that is no longer this worker's
-    /// when it reaches Redis is dropped, as its emit would have been
-    /// refused. Otherwise (the worker's lease may have ended, or Redis
-    /// lost the pool's data) it is written at once and Redis's answer is
-    /// returned.
+    /// fenced by the job's token, with the worker's next round trip (during
+    /// a call, when the call ends, with its other writes): after the events
+    /// the job emitted before, and with or before the answer to the call
+    /// that emitted it and any later write of the job (see `core::emits`).
+    /// An event of a job that is no longer this worker's when it reaches
+    /// Redis is dropped, as its emit would have been refused. Otherwise
+    /// (the worker's lease may have ended, or Redis lost the pool's data)
+    /// it is written at once and Redis's answer is returned.
     ///
     /// # Errors
     /// [`ContextError`].
@@ -152,36 +161,33 @@ impl JobContext {
     /// not the future is polled to completion.
     pub async fn emit(&self, payload: &[u8]) -> Result<(), ContextError> {
         self.check_size(payload.len())?;
-        let losses = self.core.lease.losses(&self.fence);
-        let emit = Emit { key: self.key.clone(), token: self.token.clone(), payload: payload.to_vec() };
-        let emit = if self.is_live() && !self.core.lease.data_loss_pending(&self.fence) {
-            match self.emits.push(emit) {
-                Ok(()) => return Ok(()),
-                // The queue is full: this one goes with it, now.
-                Err(emit) => emit,
-            }
-        } else {
-            emit
-        };
-        let flags: String = self.run(&scripts::EMIT, emit_cmd(&self.core, &self.worker, &[emit])).await?;
-        if written_flags(&flags).next() == Some(true) { Ok(()) } else { Err(self.refused(losses).await) }
+        self.write(What::Event(payload.to_vec()), true).await
     }
 
     /// Declares the job finished: it is removed from the pool and its
-    /// handler is not called again for it.
+    /// handler is not called again for it. During a call (see
+    /// [`Self::call_scope`]) the removal is written with the call's other
+    /// writes when the call ends, and `Ok` means it is queued.
     ///
     /// # Errors
     /// [`ContextError`].
     ///
     /// # Cancel safety
-    /// Not cancel safe: once sent, the write happens whether or not the
-    /// future is polled to completion.
+    /// Not cancel safe: once queued or sent, the write happens whether or
+    /// not the future is polled to completion.
     pub async fn complete(&self) -> Result<(), ContextError> {
-        let losses = self.core.lease.losses(&self.fence);
-        let done =
-            self.core.finish(&self.emits, &self.worker, &self.key, &self.token).await.map_err(unavailable)?;
-        if !done {
-            return Err(self.refused(losses).await);
+        if self.may_queue() && self.emits.in_call(&self.key) {
+            self.queue(What::Finish).await;
+        } else {
+            let losses = self.core.lease.losses(&self.fence);
+            let done = self
+                .core
+                .finish(&self.emits, &self.worker, &self.key, &self.token)
+                .await
+                .map_err(unavailable)?;
+            if !done {
+                return Err(self.refused(losses).await);
+            }
         }
         let _ = self.ended.send(Ended::Completed { key: self.key.clone(), token: self.token.clone() });
         Ok(())
@@ -208,6 +214,40 @@ impl JobContext {
         }
         let _ = self.ended.send(Ended::Failed { key: self.key.clone(), token: self.token.clone() });
         Ok(())
+    }
+
+    /// Whether a write may wait in the worker's queue: its worker may run
+    /// the job, and no loss of the pool's data is pending.
+    fn may_queue(&self) -> bool {
+        self.is_live() && !self.core.lease.data_loss_pending(&self.fence)
+    }
+
+    /// Writes `what`: queued when it may be and a call of the job runs (or
+    /// `outside_calls`), else at once with Redis's answer.
+    async fn write(&self, what: What, outside_calls: bool) -> Result<(), ContextError> {
+        if self.may_queue() && (outside_calls || self.emits.in_call(&self.key)) {
+            self.queue(what).await;
+            return Ok(());
+        }
+        let losses = self.core.lease.losses(&self.fence);
+        let write = Write { key: self.key.clone(), token: self.token.clone(), what };
+        if self.emits.write_now(&self.core, write).await.map_err(unavailable)? {
+            Ok(())
+        } else {
+            Err(self.refused(losses).await)
+        }
+    }
+
+    /// Queues `what`; when the queue is full, sends it at once with what is
+    /// queued (its call's writes then land in more than one step).
+    async fn queue(&self, what: What) {
+        let write = Write { key: self.key.clone(), token: self.token.clone(), what };
+        if self.emits.push(write)
+            && let Err(error) = self.emits.send_now(&self.core, &self.key).await
+        {
+            // Still queued: the worker sends it again.
+            tracing::debug!(job.key = %self.key, error = %error, "failed to send a full queue of writes");
+        }
     }
 
     fn check_size(&self, size: usize) -> Result<(), ContextError> {
@@ -239,16 +279,6 @@ impl JobContext {
             Ok(_) => lost_data(),
             Err(error) => unavailable(error),
         }
-    }
-
-    /// Sends `cmd`, an `EVALSHA` of `script`, after the events the
-    /// worker's queue holds.
-    async fn run<T: redis::FromRedisValue>(
-        &self,
-        script: &redis::Script,
-        cmd: redis::Cmd,
-    ) -> Result<T, ContextError> {
-        self.emits.ordered(&self.core, script, cmd).await.map_err(unavailable)
     }
 }
 

@@ -23,7 +23,7 @@ pub(crate) struct PoolKeys {
     /// What plugins emit.
     pub(crate) events: String,
     /// The payload bytes ever written to the events stream (see
-    /// `emit.lua`).
+    /// `write.lua`).
     pub(crate) events_written: String,
     /// The payload bytes the events stream held, as versions whose events
     /// carried no byte counter kept them: the counter above starts there.

@@ -53,6 +53,7 @@ mod wire;
 mod worker;
 
 pub use context::{ContextError, JobContext};
+pub use core::CallScope;
 pub use emitted::{Emitted, EmittedEvents, Followed, Following};
 pub use error::{Error, Result};
 pub use job::{DispatchOutcome, EventOutcome, HandlerError, Job, JobHandler, JobInfo, JobState};

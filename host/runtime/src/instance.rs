@@ -202,6 +202,8 @@ impl Instance {
         self.store.data().log_gate.enter(call.key());
         self.store.data_mut().http_hooks.enter(call.key());
         let outputs = self.store.data().outputs.clone();
+        // Held until the call's end: what it wrote is written in one step.
+        let _scope = outputs.call_scope(call.key());
         let handler = self.bindings.pulse_job_handler();
         let store = &mut self.store;
         let outcome = async {

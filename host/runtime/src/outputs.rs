@@ -52,6 +52,16 @@ pub trait JobOutputs: Send + Sync + 'static {
         true
     }
 
+    /// A guest call of job `key` begins; it ends when the returned value is
+    /// dropped. What the call writes (`emit`, `save-state`, `complete`)
+    /// may wait for its end, to be written in one step: the pool's
+    /// implementation does so. Opened around every guest call, timer
+    /// callbacks included. The default keeps nothing.
+    fn call_scope(&self, key: &str) -> Option<Box<dyn Send>> {
+        let _ = key;
+        None
+    }
+
     /// Whether job `key` is lost here: it may run elsewhere now (its
     /// worker's lease may have ended). Asked every [`LOSS_CHECK`] while a
     /// guest call for the job runs: the call is cut off at once, its

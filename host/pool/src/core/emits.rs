@@ -1,72 +1,201 @@
-//! A worker's emitted events on their way to Redis.
+//! A worker's writes in its jobs' names on their way to Redis: the events
+//! its jobs emit, the states they save and their completions, with the
+//! answers to their calls and the deletion of the inbox entries processed.
 //!
 //! [`crate::JobContext::emit`] does not wait for Redis. After the checks it
 //! can make at once (the size, the worker's fence, no loss of the pool's
 //! data pending) the event joins its worker's queue, and the call goes on.
-//! The queue is written with the next round trip the worker makes for its
-//! jobs: usually the one that answers the call that emitted the event, so
-//! an emit costs no round trip of its own, and the events of many calls
-//! share one script call.
+//! While a call of the job runs (a handler call the worker made, or a
+//! timer's call the runtime made, see [`crate::JobContext::call_scope`]),
+//! `save_state` and `complete` join the queue too.
 //!
-//! Order: every write made in the name of a worker's jobs (its answers, a
-//! saved state, a completion, a failure, a hand-back) sends what is queued
-//! first, in the same pipeline, and one batch is sent at a time. So each
-//! job's events reach Redis in the order it emitted them, before the
-//! answer to the call that emitted them and before any later write of the
-//! job.
+//! **One step per call.** The writes of a call wait in the queue until the
+//! call ends. Then they are written in one script call (`write.lua`) with
+//! the answer to the call and the deletion of its inbox entry, or none of
+//! them is: a host killed between two writes of one call could otherwise
+//! leave a state saved without the event emitted with it, and the job's
+//! next run would resume past a count nobody saw. So an emit costs no round
+//! trip of its own, and the writes of many calls share one script call.
 //!
-//! Fencing is unchanged: each event is written under its job's token in
-//! one script (`emit.lua`), and an event whose job is no longer its
-//! worker's when the batch arrives is dropped and counted
-//! (`pulse_emits_dropped_total`), as its emit would have been refused.
-//! An event whose batch was cut off by a dropped connection is sent
-//! again, so it may be written twice. A batch that meets Redis without
-//! its script (after a restart or `SCRIPT FLUSH`; each worker loads it
-//! when it starts) is sent again after the commands that went with it.
+//! Order: every write made in the name of a worker's jobs outside a call
+//! (a failure, a hand-back, a completion after a stop) sends what is
+//! queued for its job first, in the same pipeline, and one batch is sent
+//! at a time. So each job's writes reach Redis in the order it made them.
+//!
+//! Fencing: each write is made under its job's token in `write.lua`, and
+//! one whose job is no longer its worker's when the batch arrives is
+//! dropped (an event is counted in `pulse_emits_dropped_total`), as it
+//! would have been refused. A batch cut off by a dropped connection is
+//! sent again, so it may be written twice. A batch that meets Redis
+//! without its script (after a restart or `SCRIPT FLUSH`) wrote nothing:
+//! the script is loaded and the batch sent again, after the commands that
+//! went with it (each worker loads it when it starts).
+//!
+//! Bound: the queue holds [`QUEUE_BYTES`] of payload; a write that finds
+//! it fuller is written at once, with what is queued, and with the writes
+//! its call made so far: that one call's writes then land in more than one
+//! step, still in order.
 
-use std::collections::VecDeque;
-use std::sync::{Mutex, MutexGuard};
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
 
-use redis::{Cmd, RedisResult, Script, Value};
+use redis::{Cmd, RedisResult, Value};
 use tokio::sync::Notify;
 
 use super::Core;
 use crate::scripts;
 
-/// Events one script call writes, at most.
-const BATCH: usize = 256;
-
-/// Payload bytes a worker's queue holds, at most, before an emit waits for
-/// them to be written (an emit of a larger event still goes alone).
+/// Payload bytes a worker's queue holds, at most, before a write is sent
+/// at once with everything queued.
 const QUEUE_BYTES: usize = 4 << 20;
 
-/// An event waiting to be written.
+/// Entries kept in a node's reply stream (approximately): answers older
+/// than that have no waiter any more.
+const REPLIES_KEPT: usize = 10_000;
+
+/// What a call wrote.
 #[derive(Debug)]
-pub(crate) struct Emit {
+pub(crate) enum What {
+    /// An event emitted, with its payload.
+    Event(Vec<u8>),
+    /// The job's state, saved.
+    State(Vec<u8>),
+    /// The job completed: removed from the pool.
+    Finish,
+}
+
+impl What {
+    fn kind(&self) -> &'static str {
+        match self {
+            What::Event(_) => "e",
+            What::State(_) => "s",
+            What::Finish => "f",
+        }
+    }
+
+    fn payload(&self) -> &[u8] {
+        match self {
+            What::Event(payload) | What::State(payload) => payload,
+            What::Finish => b"",
+        }
+    }
+}
+
+/// A write waiting to be sent.
+#[derive(Debug)]
+pub(crate) struct Write {
     pub(crate) key: String,
     pub(crate) token: String,
+    pub(crate) what: What,
+}
+
+/// An answer to a request, for a reply stream.
+#[derive(Debug)]
+pub(crate) struct Reply {
+    pub(crate) stream: String,
+    /// The entry's name: an outcome, or the batch of answers.
+    pub(crate) name: &'static str,
     pub(crate) payload: Vec<u8>,
+}
+
+/// What one pipeline writes: the queued writes of calls that ended, the
+/// answers and the inbox entries to delete.
+#[derive(Default)]
+struct Batch {
+    writes: Vec<Write>,
+    replies: Vec<Reply>,
+    deletes: Vec<String>,
+}
+
+impl Batch {
+    fn is_empty(&self) -> bool {
+        self.writes.is_empty() && self.replies.is_empty() && self.deletes.is_empty()
+    }
 }
 
 #[derive(Default)]
 struct Pending {
-    events: VecDeque<Emit>,
+    /// Each with whether its call ended (sealed): only those are sent.
+    writes: VecDeque<(Write, bool)>,
+    replies: Vec<Reply>,
+    deletes: Vec<String>,
     bytes: usize,
+    /// The calls running, by job: their writes wait for their end.
+    open: HashMap<String, usize>,
     /// Batches taken from the queue and not yet answered.
     in_flight: usize,
 }
 
-/// One worker's queue of events to write (see the module's docs).
+impl Pending {
+    fn seal(&mut self, key: &str) {
+        for (write, sealed) in &mut self.writes {
+            if write.key == key {
+                *sealed = true;
+            }
+        }
+    }
+
+    fn has_sealed(&self) -> bool {
+        !self.replies.is_empty() || !self.deletes.is_empty() || self.writes.iter().any(|(_, sealed)| *sealed)
+    }
+
+    fn take(&mut self) -> Batch {
+        let (sealed, open): (VecDeque<_>, VecDeque<_>) =
+            std::mem::take(&mut self.writes).into_iter().partition(|(_, sealed)| *sealed);
+        self.writes = open;
+        let writes = sealed.into_iter().map(|(write, _)| write).collect();
+        self.bytes = self.writes.iter().map(|(write, _)| write.what.payload().len()).sum();
+        Batch {
+            writes,
+            replies: std::mem::take(&mut self.replies),
+            deletes: std::mem::take(&mut self.deletes),
+        }
+    }
+
+    fn put_back(&mut self, batch: Batch) {
+        self.bytes += batch.writes.iter().map(|write| write.what.payload().len()).sum::<usize>();
+        for write in batch.writes.into_iter().rev() {
+            self.writes.push_front((write, true));
+        }
+        let mut replies = batch.replies;
+        replies.append(&mut self.replies);
+        self.replies = replies;
+        let mut deletes = batch.deletes;
+        deletes.append(&mut self.deletes);
+        self.deletes = deletes;
+    }
+}
+
+/// One worker's queue of writes (see the module's docs).
 pub(crate) struct EmitQueue {
-    /// The worker whose jobs emit them.
+    /// The worker whose jobs write them.
     worker: String,
     pending: Mutex<Pending>,
     /// Held from taking a batch until its pipeline is answered: batches
     /// reach Redis in the order they were taken.
     sending: tokio::sync::Mutex<()>,
-    /// Told of each event queued: the worker writes events no call in
-    /// flight will carry (emitted from a timer) without waiting.
+    /// Told of each write ready to send: the worker writes those no answer
+    /// will carry (made from a timer) without waiting.
     queued: Notify,
+}
+
+/// A call of one job running (see [`crate::JobContext::call_scope`]): its
+/// writes wait in the queue until it is dropped.
+pub struct CallScope {
+    queue: Arc<EmitQueue>,
+    key: String,
+}
+
+impl std::fmt::Debug for CallScope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CallScope").field("key", &self.key).finish_non_exhaustive()
+    }
+}
+
+impl Drop for CallScope {
+    fn drop(&mut self) {
+        self.queue.end(&self.key, Vec::new(), None);
+    }
 }
 
 impl EmitQueue {
@@ -84,34 +213,88 @@ impl EmitQueue {
         self.pending.lock().unwrap_or_else(|poison| poison.into_inner())
     }
 
-    /// Queues `emit`, unless the queue holds [`QUEUE_BYTES`] already: then
-    /// it is given back, to be written first.
-    pub(crate) fn push(&self, emit: Emit) -> Result<(), Emit> {
+    /// A call of job `key` begins: its writes wait until it ends.
+    pub(crate) fn begin(&self, key: &str) {
+        *self.lock().open.entry(key.to_owned()).or_default() += 1;
+    }
+
+    /// [`Self::begin`], ended when the scope is dropped.
+    pub(crate) fn scope(self: &Arc<Self>, key: &str) -> CallScope {
+        self.begin(key);
+        CallScope { queue: self.clone(), key: key.to_owned() }
+    }
+
+    /// A call of job `key` ended: its writes are sent with the next batch,
+    /// with `replies` and the deletion of inbox entry `entry` (when the
+    /// call's last scope ended: in one step with them).
+    pub(crate) fn end(&self, key: &str, replies: Vec<Reply>, entry: Option<String>) {
         let mut pending = self.lock();
-        if !pending.events.is_empty() && pending.bytes + emit.payload.len() > QUEUE_BYTES {
-            return Err(emit);
+        if let Some(open) = pending.open.get_mut(key) {
+            *open -= 1;
+            if *open == 0 {
+                pending.open.remove(key);
+                pending.seal(key);
+            }
         }
-        pending.bytes += emit.payload.len();
-        pending.events.push_back(emit);
+        pending.replies.extend(replies);
+        pending.deletes.extend(entry);
+        let ready = pending.has_sealed();
         drop(pending);
-        self.queued.notify_one();
-        Ok(())
+        if ready {
+            self.queued.notify_one();
+        }
     }
 
-    /// Whether nothing is queued or being written: a write may go on its
-    /// own.
-    pub(crate) fn is_quiet(&self) -> bool {
-        let pending = self.lock();
-        pending.events.is_empty() && pending.in_flight == 0
+    /// A call of job `key` ended after its job may have moved: nothing it
+    /// wrote is sent, and no scope of it is open any more.
+    pub(crate) fn discard(&self, key: &str) {
+        let mut pending = self.lock();
+        pending.open.remove(key);
+        pending.writes.retain(|(write, sealed)| *sealed || write.key != key);
+        pending.bytes = pending.writes.iter().map(|(write, _)| write.what.payload().len()).sum();
     }
 
-    /// Whether an event waits whose job has no call in flight (`busy`):
-    /// no answer will carry it soon, so it should be written now.
-    pub(crate) fn has_unaccompanied(&self, busy: impl Fn(&str) -> bool) -> bool {
-        self.lock().events.iter().any(|emit| !busy(&emit.key))
+    /// Whether a call of job `key` runs.
+    pub(crate) fn in_call(&self, key: &str) -> bool {
+        self.lock().open.contains_key(key)
     }
 
-    /// Resolves once an event was queued since the last time it resolved.
+    /// Answers and inbox entries to delete with the next batch.
+    pub(crate) fn answer(&self, replies: Vec<Reply>, deletes: Vec<String>) {
+        let mut pending = self.lock();
+        pending.replies.extend(replies);
+        pending.deletes.extend(deletes);
+    }
+
+    /// Queues `write`, to be sent when its call ends (at once if none
+    /// runs). True when the queue holds more than [`QUEUE_BYTES`] now:
+    /// then the caller sends it with [`Self::send_now`].
+    pub(crate) fn push(&self, write: Write) -> bool {
+        let mut pending = self.lock();
+        let sealed = !pending.open.contains_key(&write.key);
+        pending.bytes += write.what.payload().len();
+        pending.writes.push_back((write, sealed));
+        let full = pending.bytes > QUEUE_BYTES;
+        drop(pending);
+        if sealed {
+            self.queued.notify_one();
+        }
+        full
+    }
+
+    /// Sends what is queued now, with the writes job `key`'s call made so
+    /// far (the queue is full).
+    pub(crate) async fn send_now(&self, core: &Core, key: &str) -> RedisResult<()> {
+        self.lock().seal(key);
+        self.send(core, &[]).await.map(drop)
+    }
+
+    /// Whether something waits to be sent.
+    pub(crate) fn has_ready(&self) -> bool {
+        self.lock().has_sealed()
+    }
+
+    /// Resolves once a write was ready since the last time it resolved.
     ///
     /// # Cancel safety
     /// Cancel safe.
@@ -119,47 +302,51 @@ impl EmitQueue {
         self.queued.notified().await;
     }
 
-    /// Writes the queued events, then `then`, in one pipeline and in that
-    /// order; returns the answers to `then`'s commands. The events of a
-    /// batch that did not reach Redis go back to the front of the queue.
+    /// Writes what is ready (the writes of ended calls, answers, inbox
+    /// deletions), then `then`, in one pipeline and in that order; returns
+    /// the answers to `then`'s commands. A batch that did not reach Redis
+    /// goes back to the front of the queue.
     ///
     /// # Cancel safety
     /// Not cancel safe: a batch taken is written, or put back, only if the
     /// future runs to its end.
     pub(crate) async fn send(&self, core: &Core, then: &[Cmd]) -> RedisResult<Vec<RedisResult<Value>>> {
         let _turn = self.sending.lock().await;
-        let events: Vec<Emit> = {
+        let batch = {
             let mut pending = self.lock();
-            pending.bytes = 0;
             pending.in_flight += 1;
-            pending.events.drain(..).collect()
+            pending.take()
         };
-        let result = self.write(core, &events, then).await;
+        let result = self.write(core, &batch, then).await;
         let mut pending = self.lock();
         pending.in_flight -= 1;
         if result.is_err() {
-            pending.bytes += events.iter().map(|emit| emit.payload.len()).sum::<usize>();
-            for emit in events.into_iter().rev() {
-                pending.events.push_front(emit);
-            }
+            pending.put_back(batch);
         }
         result
     }
 
-    /// Sends `cmd`, an [`scripts::evalsha`] of `script`, after the queued
-    /// events; alone when none is queued or being written.
+    /// Sends `cmd`, an [`scripts::evalsha`] of `script` for job `key`,
+    /// after what is ready and the writes the job made so far; alone when
+    /// nothing is queued or being written.
     pub(crate) async fn ordered<T: redis::FromRedisValue>(
         &self,
         core: &Core,
-        script: &Script,
+        key: &str,
+        script: &redis::Script,
         cmd: Cmd,
     ) -> RedisResult<T> {
-        if self.is_quiet() {
+        let quiet = {
+            let mut pending = self.lock();
+            pending.seal(key);
+            !pending.has_sealed() && pending.in_flight == 0
+        };
+        if quiet {
             return scripts::query(script, &cmd, &mut core.conn.clone()).await;
         }
         match self.send(core, std::slice::from_ref(&cmd)).await?.pop() {
             Some(Ok(value)) => Ok(redis::from_redis_value(value)?),
-            // The events before it were written: sending it again alone
+            // What went before it was written: sending it again alone
             // keeps the order.
             Some(Err(error)) if scripts::is_unknown_script(&error) => {
                 scripts::query(script, &cmd, &mut core.conn.clone()).await
@@ -169,82 +356,141 @@ impl EmitQueue {
         }
     }
 
-    async fn write(
-        &self,
-        core: &Core,
-        events: &[Emit],
-        then: &[Cmd],
-    ) -> RedisResult<Vec<RedisResult<Value>>> {
-        if events.is_empty() && then.is_empty() {
+    async fn write(&self, core: &Core, batch: &Batch, then: &[Cmd]) -> RedisResult<Vec<RedisResult<Value>>> {
+        if batch.is_empty() && then.is_empty() {
             return Ok(Vec::new());
         }
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
-        let batches: Vec<&[Emit]> = events.chunks(BATCH).collect();
-        for batch in &batches {
-            pipe.add_command(emit_cmd(core, &self.worker, batch));
+        let script = !batch.writes.is_empty();
+        if script {
+            pipe.add_command(write_cmd(core, &self.worker, batch));
+        } else {
+            for reply in &batch.replies {
+                pipe.add_command(reply_cmd(reply));
+            }
+            if !batch.deletes.is_empty() {
+                // XDEL, not XTRIM MINID: entries are processed out of order
+                // (calls of different keys finish in any order), and an exact
+                // trim scans the head node of the stream on every call;
+                // deleting an entry is a lookup.
+                let mut cmd = redis::cmd("XDEL");
+                cmd.arg(core.keys.inbox(&self.worker)).arg(&batch.deletes);
+                pipe.add_command(cmd);
+            }
         }
         for cmd in then {
             pipe.add_command(cmd.clone());
         }
         let mut conn = core.conn.clone();
         let mut replies: Vec<RedisResult<Value>> = pipe.query_async(&mut conn).await?;
-        let rest = replies.split_off(batches.len());
-        for (batch, reply) in batches.into_iter().zip(replies) {
-            let reply = match reply {
+        let rest = replies.split_off(replies.len() - then.len());
+        if script {
+            let reply = match replies.pop() {
                 // Redis forgot its scripts since the worker loaded them (a
-                // restart, `SCRIPT FLUSH`): this batch lands after `then`,
-                // the only case it does.
-                Err(error) if scripts::is_unknown_script(&error) => {
-                    scripts::query(&scripts::EMIT, &emit_cmd(core, &self.worker, batch), &mut conn).await
+                // restart, `SCRIPT FLUSH`): the script wrote nothing, and
+                // is sent again, now after `then`.
+                Some(Err(error)) if scripts::is_unknown_script(&error) => {
+                    scripts::query(&scripts::WRITE, &write_cmd(core, &self.worker, batch), &mut conn).await
                 }
-                other => other.and_then(|value| Ok(redis::from_redis_value(value)?)),
+                Some(other) => other.and_then(|value| Ok(redis::from_redis_value(value)?)),
+                None => unreachable!("one script sent, one answer"),
             };
-            written(core, batch, reply);
+            written(core, &batch.writes, reply);
+        } else if let Some(Err(error)) = replies.into_iter().find(Result::is_err) {
+            tracing::warn!(error = %error, "failed to answer or to delete the entry from the inbox");
         }
         Ok(rest)
     }
+
+    /// Writes `write` now, after what is ready and its job's writes so
+    /// far; whether Redis took it (its token is its job's).
+    pub(crate) async fn write_now(&self, core: &Core, write: Write) -> RedisResult<bool> {
+        let key = write.key.clone();
+        let batch = Batch { writes: vec![write], ..Batch::default() };
+        let flags: String =
+            self.ordered(core, &key, &scripts::WRITE, write_cmd(core, &self.worker, &batch)).await?;
+        Ok(written_flags(&flags).next() == Some(true))
+    }
 }
 
-/// `emit.lua` for `batch`, emitted by jobs of `worker`.
-pub(crate) fn emit_cmd(core: &Core, worker: &str, batch: &[Emit]) -> Cmd {
+/// `write.lua` for `batch`, written by `worker`.
+fn write_cmd(core: &Core, worker: &str, batch: &Batch) -> Cmd {
     let keys = &core.keys;
-    let mut cmd = scripts::evalsha(
-        &scripts::EMIT,
-        &[
-            keys.jobs.clone(),
-            keys.events.clone(),
-            keys.events_written.clone(),
-            keys.events_bytes_earlier.clone(),
-        ],
-    );
-    cmd.arg(core.options.events_retention).arg(core.options.events_max_bytes).arg(worker);
-    for emit in batch {
-        cmd.arg(&emit.key).arg(&emit.token).arg(&emit.payload);
+    let mut names = vec![
+        keys.jobs.clone(),
+        keys.events.clone(),
+        keys.events_written.clone(),
+        keys.events_bytes_earlier.clone(),
+        keys.inbox(worker),
+        keys.worker_jobs(worker),
+    ];
+    for write in &batch.writes {
+        match write.what {
+            What::Event(_) => {}
+            What::State(_) => names.push(keys.record(&write.key)),
+            What::Finish => names.extend([keys.record(&write.key), keys.held(&write.key)]),
+        }
     }
+    names.extend(batch.replies.iter().map(|reply| reply.stream.clone()));
+    let mut cmd = scripts::evalsha(&scripts::WRITE, &names);
+    cmd.arg(core.options.events_retention)
+        .arg(core.options.events_max_bytes)
+        .arg(worker)
+        .arg(REPLIES_KEPT)
+        .arg(batch.writes.len())
+        .arg(batch.replies.len());
+    for write in &batch.writes {
+        cmd.arg(write.what.kind()).arg(&write.key).arg(&write.token).arg(write.what.payload());
+    }
+    for reply in &batch.replies {
+        cmd.arg(reply.name).arg(&reply.payload);
+    }
+    cmd.arg(&batch.deletes);
     cmd
 }
 
-/// Whether each event of a batch was written, from `emit.lua`'s answer:
-/// one `1` (written) or `0` (refused) per event, in order.
+/// An entry for `reply` on its reply stream.
+fn reply_cmd(reply: &Reply) -> Cmd {
+    // NOMKSTREAM: the answer to a node that is gone creates nothing.
+    let mut cmd = redis::cmd("XADD");
+    cmd.arg(&reply.stream)
+        .arg("NOMKSTREAM")
+        .arg("MAXLEN")
+        .arg("~")
+        .arg(REPLIES_KEPT)
+        .arg("*")
+        .arg("n")
+        .arg(reply.name)
+        .arg("p")
+        .arg(&reply.payload);
+    cmd
+}
+
+/// Whether each write of a batch was made, from `write.lua`'s answer:
+/// one `1` (made) or `0` (refused) per write, in order.
 pub(crate) fn written_flags(flags: &str) -> impl Iterator<Item = bool> + '_ {
     flags.bytes().map(|flag| flag == b'1')
 }
 
-/// Counts and logs the events of `batch` that were not written.
-fn written(core: &Core, batch: &[Emit], reply: RedisResult<String>) {
+/// Counts and logs the writes of `batch` that were not made.
+fn written(core: &Core, batch: &[Write], reply: RedisResult<String>) {
+    let events =
+        |writes: &[Write]| writes.iter().filter(|write| matches!(write.what, What::Event(_))).count();
     match reply {
         Ok(flags) => {
-            for (emit, written) in batch.iter().zip(written_flags(&flags)) {
+            for (write, written) in batch.iter().zip(written_flags(&flags)) {
                 if !written {
-                    tracing::debug!(job.key = %emit.key, token = %emit.token, "dropped an event: the job is no longer this worker's");
-                    core.metrics.emits_dropped.increment(1);
+                    tracing::debug!(job.key = %write.key, token = %write.token, kind = write.what.kind(), "dropped a write: the job is no longer this worker's");
+                    if matches!(write.what, What::Event(_)) {
+                        core.metrics.emits_dropped.increment(1);
+                    }
                 }
             }
         }
         Err(error) => {
-            tracing::warn!(events = batch.len(), error = %error, "failed to write emitted events; they are dropped");
-            core.metrics.emits_dropped.increment(batch.len() as u64);
+            tracing::warn!(writes = batch.len(), error = %error, "failed to write what a worker's jobs wrote; it is dropped");
+            core.metrics.emits_dropped.increment(events(batch) as u64);
         }
     }
 }

@@ -6,8 +6,8 @@
 //! # Layout
 //! - this file: [`Core`].
 //! - `answers`: the scripts' and the workers' answers, typed.
-//! - `emits`: a worker's emitted events, queued and written with its
-//!   next round trip, in order with its other writes.
+//! - `emits`: a worker's writes in its jobs' names (events, states,
+//!   completions), each call's written in one step with its answer.
 //! - `fence`: [`Lease`] and [`WorkerFence`]: when handler calls may run.
 //! - `membership`: join, release, renew, evict, the pool epoch.
 //! - `routing`: keys to workers over the slot table; assigning queued jobs.
@@ -32,7 +32,8 @@ use crate::options::NodeOptions;
 use crate::scripts;
 
 pub(crate) use answers::{Assigned, Dispatched, Join, Outcome, Routed, protocol};
-pub(crate) use emits::{Emit, EmitQueue, emit_cmd, written_flags};
+pub use emits::CallScope;
+pub(crate) use emits::{EmitQueue, Reply, What, Write};
 pub(crate) use fence::{Lease, WorkerFence, tick};
 pub(crate) use membership::{parse_entry, pool_epoch, pool_layout};
 pub(crate) use replies::{Answer, Waiter, Waiters, start as start_replies};
@@ -120,7 +121,7 @@ impl Core {
             &[keys.jobs.clone(), keys.record(key), keys.held(key), keys.worker_jobs(worker)],
         );
         cmd.arg(key).arg(token);
-        let done: i64 = emits.ordered(self, &scripts::FINISH, cmd).await?;
+        let done: i64 = emits.ordered(self, key, &scripts::FINISH, cmd).await?;
         Ok(done == 1)
     }
 
@@ -141,7 +142,7 @@ impl Core {
             &[keys.jobs.clone(), keys.record(key), keys.worker_jobs(worker)],
         );
         cmd.arg(key).arg(token).arg(reason).arg(attempt);
-        let done: i64 = emits.ordered(self, &scripts::FAIL, cmd).await?;
+        let done: i64 = emits.ordered(self, key, &scripts::FAIL, cmd).await?;
         Ok(done == 1)
     }
 }

@@ -50,7 +50,7 @@ impl<H: JobHandler> Worker<H> {
         }
         let key = queued.event.key.clone();
         match self.on_event(queued.event, queued.entry_ms).await {
-            Some(call) => self.calls.start(key, queued.entry, call),
+            Some(call) => self.launch(key, queued.entry, call),
             None => {
                 if !self.lost
                     && !self.skipped
@@ -73,14 +73,17 @@ impl<H: JobHandler> Worker<H> {
             // call returned is not this worker's to write. Its entry and
             // those that waited behind it stay in the inbox for the job's
             // next owner; a job the call started is dropped here.
+            self.emits.discard(&key);
             if let Finished::Start { job, result: Ok(()), .. } = finished {
                 self.handler.abandon(&job.key).await;
             }
             return;
         }
         let first = self.apply(finished).await;
-        // The call was made: its entry is processed.
-        self.processed.extend(entry);
+        // The call was made: what it wrote, its answer and the deletion of
+        // its entry are sent in one step.
+        let replies = self.replies();
+        self.emits.end(&key, replies, entry);
         for event in first.into_iter().rev() {
             next.push_front(Queued { entry: None, event, entry_ms: 0 });
         }
@@ -91,6 +94,13 @@ impl<H: JobHandler> Worker<H> {
                 break;
             }
         }
+    }
+
+    /// Starts `call` for job `key`, made for inbox entry `entry`: what the
+    /// call writes waits for its end (see `core::emits`).
+    fn launch(&mut self, key: String, entry: Option<String>, call: Call) {
+        self.emits.begin(&key);
+        self.calls.start(key, entry, call);
     }
 
     /// Applies every call finished already, without waiting.
@@ -317,7 +327,7 @@ impl<H: JobHandler> Worker<H> {
         if let Some(Retrying { event, mut job, waiting }) = self.retrying.remove(&key) {
             job.attempt += 1;
             if let Some(call) = self.start(event, job, waiting, false) {
-                self.calls.start(key, None, call);
+                self.launch(key, None, call);
             }
         }
     }

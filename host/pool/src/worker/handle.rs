@@ -83,11 +83,12 @@ pub(crate) async fn spawn<H: JobHandler>(
     handler: H,
     options: &WorkerOptions,
 ) -> Result<WorkerHandle> {
-    // Loaded before the worker's first events: a batch that met an unknown
-    // script would land after the answers sent with it (see `core::emits`).
-    crate::scripts::load(&crate::scripts::EMIT, &mut core.conn.clone())
+    // Loaded before the worker's first writes: a batch that met an unknown
+    // script would land after the commands sent with it (see
+    // `core::emits`).
+    crate::scripts::load(&crate::scripts::WRITE, &mut core.conn.clone())
         .await
-        .map_err(core.redis_error("load the emit script"))?;
+        .map_err(core.redis_error("load the write script"))?;
     let inbox_stream = Stream::open(
         &core.client,
         &PoolKeys::inbox_name(&id),

@@ -1,17 +1,13 @@
-//! Writes fenced by a job's token (requeue, finish, fail), each after the
-//! events its worker's jobs emitted, and the answers sent with those
-//! events and the deletion of each processed inbox entry.
+//! Writes fenced by a job's token (requeue, finish, fail), each after what
+//! its job wrote before, and the answers sent with the writes of the calls
+//! they answer and the deletion of each processed inbox entry.
 
-use crate::core::Outcome;
+use crate::core::{Outcome, Reply};
 use crate::job::JobHandler;
 use crate::scripts;
 use crate::wire::{self, InboxEvent};
 
 use super::{Outgoing, Worker};
-
-/// Entries kept in a node's reply stream (approximately): answers older
-/// than that have no waiter any more.
-const REPLIES_KEPT: usize = 10_000;
 
 impl<H: JobHandler> Worker<H> {
     /// Hands job `key` back to the pool under `token` (after the events
@@ -47,7 +43,7 @@ impl<H: JobHandler> Worker<H> {
         for event in waiting {
             cmd.arg(wire::encode_held(event));
         }
-        match self.emits.ordered::<i64>(&self.core, &scripts::REQUEUE, cmd).await {
+        match self.emits.ordered::<i64>(&self.core, key, &scripts::REQUEUE, cmd).await {
             Ok(done) => done == 1,
             Err(error) => {
                 tracing::warn!(job.key = %key, error = %error, "failed to hand a job back");
@@ -81,17 +77,17 @@ impl<H: JobHandler> Worker<H> {
         });
     }
 
-    /// The commands that send the outbox's answers: per reply stream, one
+    /// The outbox's answers, for reply streams: per reply stream, one
     /// entry holding the answers to requests of a node that reads them in
     /// batches, and one entry per answer to any other request.
-    fn answers(&mut self) -> Vec<redis::Cmd> {
-        let mut cmds = Vec::new();
+    pub(super) fn replies(&mut self) -> Vec<Reply> {
+        let mut replies = Vec::new();
         // (stream, the payload of its `answers` entry), in order.
         let mut batches: Vec<(String, Vec<u8>)> = Vec::new();
         for out in self.outbox.drain(..) {
             if !wire::reads_batches(&out.request) {
                 let payload = wire::encode_reply(&out.request, &out.message);
-                cmds.push(reply_cmd(&out.stream, out.outcome.as_str(), payload));
+                replies.push(Reply { stream: out.stream, name: out.outcome.as_str(), payload });
                 continue;
             }
             let at = match batches.iter().position(|(stream, _)| *stream == out.stream) {
@@ -104,31 +100,22 @@ impl<H: JobHandler> Worker<H> {
             wire::push_answer(&mut batches[at].1, out.outcome.as_str(), &out.request, &out.message);
         }
         for (stream, payload) in batches {
-            cmds.push(reply_cmd(&stream, wire::ANSWERS, payload));
+            replies.push(Reply { stream, name: wire::ANSWERS, payload });
         }
-        cmds
+        replies
     }
 
-    /// Sends the events its jobs emitted, the answers waiting in the
-    /// outbox, and deletes the entries processed since the last flush from
-    /// the inbox: one round trip. Events alone wait for the answer of the
-    /// call that emitted them, unless none is in flight for their job.
+    /// Sends what the worker's jobs wrote in calls that ended, the answers
+    /// waiting in the outbox, and deletes the entries processed since the
+    /// last flush from the inbox: one round trip. The writes of a call
+    /// still running wait for its end.
     pub(super) async fn flush(&mut self) {
-        if self.outbox.is_empty()
-            && self.processed.is_empty()
-            && !self.emits.has_unaccompanied(|key| self.calls.is_busy(key))
-        {
-            return;
+        if !self.outbox.is_empty() || !self.processed.is_empty() {
+            let replies = self.replies();
+            self.emits.answer(replies, std::mem::take(&mut self.processed));
         }
-        let mut cmds = self.answers();
-        if !self.processed.is_empty() {
-            // XDEL, not XTRIM MINID: entries are processed out of order
-            // (calls of different keys finish in any order), and an exact
-            // trim scans the head node of the stream on every call;
-            // deleting an entry is a lookup.
-            let mut cmd = redis::cmd("XDEL");
-            cmd.arg(&self.inbox_key).arg(std::mem::take(&mut self.processed));
-            cmds.push(cmd);
+        if !self.emits.has_ready() {
+            return;
         }
         // Sent again when the connection dropped: a lost answer leaves its
         // caller waiting, and every command may run twice (a second answer
@@ -139,13 +126,8 @@ impl<H: JobHandler> Worker<H> {
                 // (A zero sleep would still wait for the timer's next tick.)
                 tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
             }
-            match self.emits.send(&self.core, &cmds).await {
-                Ok(replies) => {
-                    if let Some(Err(error)) = replies.into_iter().find(Result::is_err) {
-                        tracing::warn!(error = %error, "failed to answer or to delete the entry from the inbox");
-                    }
-                    return;
-                }
+            match self.emits.send(&self.core, &[]).await {
+                Ok(_) => return,
                 Err(error) if error.is_connection_dropped() || error.is_io_error() => {
                     tracing::debug!(error = %error, "the connection dropped while answering; sending again");
                 }
@@ -157,21 +139,4 @@ impl<H: JobHandler> Worker<H> {
         }
         tracing::warn!("failed to answer or to delete the entry from the inbox: Redis is unreachable");
     }
-}
-
-/// An entry named `name` on reply stream `stream`.
-fn reply_cmd(stream: &str, name: &str, payload: Vec<u8>) -> redis::Cmd {
-    // NOMKSTREAM: the answer to a node that is gone creates nothing.
-    let mut cmd = redis::cmd("XADD");
-    cmd.arg(stream)
-        .arg("NOMKSTREAM")
-        .arg("MAXLEN")
-        .arg("~")
-        .arg(REPLIES_KEPT)
-        .arg("*")
-        .arg("n")
-        .arg(name)
-        .arg("p")
-        .arg(payload);
-    cmd
 }

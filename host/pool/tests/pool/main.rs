@@ -10,6 +10,7 @@
 //! - `load`: many dispatches; Redis commands per dispatch.
 //! - `redis_faults`: Redis restarting with its data and empty.
 //! - `schedules`: tickers and schedules.
+//! - `writes`: a call's writes land in one step with its answer.
 #![allow(clippy::unwrap_used, reason = "tests and their helpers: a panic is the failure report")]
 
 mod concurrency;
@@ -22,6 +23,7 @@ mod membership;
 mod redis_faults;
 mod replace;
 mod schedules;
+mod writes;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

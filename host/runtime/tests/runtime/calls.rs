@@ -141,3 +141,95 @@ async fn a_runner_tells_the_state_each_job_saved_last() {
     assert_eq!(runner.saved_state("resumed").await, Some(b"0".to_vec()));
     assert_eq!(runner.saved_state("elsewhere").await, None);
 }
+
+/// A [`Recorder`] that also notes, for each write of a job, whether a call
+/// scope of that job was open ([`pulse_runtime::JobOutputs::call_scope`]).
+#[derive(Clone, Default)]
+struct Scoped {
+    recorder: Recorder,
+    open: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
+    /// (key, what, whether in a scope), in order.
+    writes: std::sync::Arc<std::sync::Mutex<Vec<Noted>>>,
+}
+
+/// A write of a job: its key, what it was, whether its call's scope was open.
+type Noted = (String, &'static str, bool);
+
+/// Ends a scope of [`Scoped`] when dropped.
+struct ScopeOf(Scoped, String);
+
+impl Drop for ScopeOf {
+    fn drop(&mut self) {
+        *self.0.open.lock().unwrap().get_mut(&self.1).unwrap() -= 1;
+    }
+}
+
+impl Scoped {
+    fn note(&self, key: &str, what: &'static str) {
+        let open = self.open.lock().unwrap().get(key).is_some_and(|n| *n > 0);
+        self.writes.lock().unwrap().push((key.to_owned(), what, open));
+    }
+}
+
+impl pulse_runtime::JobOutputs for Scoped {
+    fn emit<'a>(
+        &'a self,
+        key: &'a str,
+        payload: Vec<u8>,
+    ) -> pulse_runtime::BoxFuture<'a, Result<(), pulse_runtime::HostRefusal>> {
+        self.note(key, "emit");
+        self.recorder.emit(key, payload)
+    }
+
+    fn save_state<'a>(
+        &'a self,
+        key: &'a str,
+        state: Vec<u8>,
+    ) -> pulse_runtime::BoxFuture<'a, Result<(), pulse_runtime::HostRefusal>> {
+        self.note(key, "save-state");
+        self.recorder.save_state(key, state)
+    }
+
+    fn complete<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> pulse_runtime::BoxFuture<'a, Result<(), pulse_runtime::HostRefusal>> {
+        self.note(key, "complete");
+        self.recorder.complete(key)
+    }
+
+    fn job_failed<'a>(&'a self, key: &'a str, error: &'a CallError) -> pulse_runtime::BoxFuture<'a, ()> {
+        self.recorder.job_failed(key, error)
+    }
+
+    fn call_scope(&self, key: &str) -> Option<Box<dyn Send>> {
+        *self.open.lock().unwrap().entry(key.to_owned()).or_default() += 1;
+        Some(Box::new(ScopeOf(self.clone(), key.to_owned())))
+    }
+}
+
+#[tokio::test]
+async fn every_write_of_a_guest_call_timers_included_is_made_inside_its_call_s_scope() {
+    let runtime = runtime();
+    for isolation in [Isolation::Job, Isolation::Worker] {
+        let plugin = load(&runtime, COUNTER, options(isolation, &[("interval-ms", "50")]));
+        let scoped = Scoped::default();
+        let runner = plugin.runner(std::sync::Arc::new(scoped.clone()));
+        runner.start(Job::new("short", "3")).await.unwrap();
+        assert_eq!(runner.notify("short", b"reset".to_vec()).await, Ok(()));
+        scoped
+            .recorder
+            .wait_until(PATIENCE, |o| o.iter().any(|o| matches!(o, Output::Complete { .. })))
+            .await;
+        let writes = scoped.writes.lock().unwrap().clone();
+        // reset's save, then a save and an emit per tick and the
+        // completion: all of them inside a call.
+        assert!(writes.len() >= 8, "{isolation:?}: {writes:?}");
+        assert!(
+            writes.iter().all(|(_, _, open)| *open),
+            "{isolation:?}: a write outside its call: {writes:?}"
+        );
+        assert_eq!(writes.last().map(|(_, what, _)| *what), Some("complete"));
+        assert!(scoped.open.lock().unwrap().values().all(|n| *n == 0), "{isolation:?}: a scope left open");
+    }
+}
