@@ -326,3 +326,52 @@ async fn events_emitted_across_a_redis_restart_with_its_data_are_all_written_in_
     }
     node.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_of_the_events_never_sees_an_id_twice_across_redis_restarting_empty() {
+    let mut server = RedisServer::start();
+    let client = pulse_redis::Redis::open(server.url()).unwrap();
+    let node = Node::join(&client, "follow", options()).await.unwrap();
+    let keeper = Kept::default();
+    node.add_worker(keeper.clone()).await.unwrap();
+    assert_eq!(node.dispatch("e", b"").await.unwrap(), DispatchOutcome::Started);
+    let ctx = keeper.contexts.lock().unwrap()[0].clone();
+    let emitted = pulse_pool::EmittedEvents::open(&client, "follow").await.unwrap();
+    let mut following = emitted.follow(None).await.unwrap();
+
+    // Emits 1..=N, spread over about 1.5 s; Redis restarts empty after the
+    // first third, so what was written before is lost.
+    const N: usize = 600;
+    let emitter = tokio::spawn(async move {
+        for i in 1..=N {
+            while ctx.emit(i.to_string().as_bytes()).await.is_err() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            tokio::time::sleep(Duration::from_micros(2_500)).await;
+        }
+    });
+    let mut ids: Vec<String> = Vec::new();
+    let mut restarted = false;
+    loop {
+        let next = tokio::time::timeout(PATIENCE, following.recv()).await.expect("the follower saw no event");
+        let Some(pulse_pool::Followed::Event(event)) = next else { panic!("the follower ended: {next:?}") };
+        if let Some(last) = ids.last() {
+            let parts = |id: &str| -> (u64, u64) {
+                let (ms, seq) = id.split_once('-').unwrap();
+                (ms.parse().unwrap(), seq.parse().unwrap())
+            };
+            assert!(parts(&event.id) > parts(last), "id {} after {last}: seen twice or gone back", event.id);
+        }
+        ids.push(event.id.clone());
+        if !restarted && ids.len() >= N / 3 {
+            server.restart();
+            restarted = true;
+        }
+        if event.payload == N.to_string().as_bytes() {
+            break;
+        }
+    }
+    emitter.await.unwrap();
+    following.close().await;
+    node.close().await;
+}
