@@ -1,57 +1,28 @@
-//! `echo`: the smallest useful job handler, and the one to copy.
-//!
-//! - `start` logs the job and emits its payload as an output event.
-//! - `notify` answers each notification by emitting its payload back.
-//! - `stop` logs.
-//!
-//! Setting `prefix` (in the plugin's `settings`) is prepended to every
-//! emitted payload, which shows how a plugin reads its configuration.
+//! `echo`: the smallest useful job handler, and the one to copy: `start` and `notify`
+//! emit their payload behind the setting `prefix`; `start` and `stop` log.
 
-wit_bindgen::generate!({ path: "../../wit", world: "job-handler" });
-
-use exports::pulse::job::handler::Guest;
-use pulse::job::types::{Job, JobError, LogLevel};
-use pulse::job::{env, host};
+use pulse_plugin::{Job, JobError, JobHandler, emit, info, setting};
 
 struct Echo;
-
-impl Guest for Echo {
+impl JobHandler for Echo {
     fn start(job: Job) -> Result<(), JobError> {
-        env::log(
-            LogLevel::Info,
-            &format!(
-                "start {} ({} bytes, attempt {}, requeued {})",
-                job.key,
-                job.payload.len(),
-                job.attempt,
-                job.requeued
-            ),
-        );
-        echo(&job.key, &job.payload)
+        let (key, bytes, attempt, requeued) = (&job.key, job.payload.len(), job.attempt, job.requeued);
+        info(&format!("start {key} ({bytes} bytes, attempt {attempt}, requeued {requeued})"));
+        echo(key, &job.payload)
     }
 
-    fn stop(key: String) -> Result<(), JobError> {
-        env::log(LogLevel::Info, &format!("stop {key}"));
+    fn stop(key: &str) -> Result<(), JobError> {
+        info(&format!("stop {key}"));
         Ok(())
     }
 
-    fn notify(key: String, payload: Vec<u8>) -> Result<(), JobError> {
-        echo(&key, &payload)
-    }
-
-    fn on_timer(key: String, name: String) -> Result<(), JobError> {
-        // echo arms no timers: a call here is a host bug worth seeing.
-        Err(JobError::InvalidInput(format!("echo arms no timers, yet timer {name:?} fired for {key:?}")))
+    fn notify(key: &str, payload: Vec<u8>) -> Result<(), JobError> {
+        echo(key, &payload)
     }
 }
 
-/// Emits `payload`, behind the configured prefix, for `key`.
 fn echo(key: &str, payload: &[u8]) -> Result<(), JobError> {
-    let mut out = env::config("prefix").unwrap_or_default().into_bytes();
-    out.extend_from_slice(payload);
-    // A refusal means the job is no longer ours (or a limit): the job cannot
-    // do its one task, so say so rather than pretend.
-    host::emit(key, &out).map_err(|e| JobError::Retryable(format!("emit refused: {e:?}")))
+    Ok(emit(key, &[setting("prefix").unwrap_or_default().as_bytes(), payload].concat())?)
 }
 
-export!(Echo);
+pulse_plugin::export_handler!(Echo);
