@@ -13,6 +13,7 @@ pub mod local;
 mod reload;
 mod rollout;
 pub mod run;
+pub mod scaffold;
 mod serve;
 
 pub use serve::digest;

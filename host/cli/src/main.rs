@@ -221,6 +221,23 @@ enum Command {
         #[arg(long = "allow-outbound", value_name = "HOST")]
         allow_outbound: Vec<String>,
     },
+    /// Writes a new plugin project NAME (a folder of that name, or DIR):
+    /// a job handler that builds with the command it prints and runs
+    /// under `try` with its `script.txt` as written.
+    New {
+        /// The plugin's name (a crate or package name).
+        name: String,
+        /// The language it is written in.
+        #[arg(long, value_enum, default_value = "rust")]
+        lang: pulse_host::scaffold::Lang,
+        /// The folder to write (default: ./NAME); it must not exist.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+        /// The Rust SDK to depend on (default: sdk/rust of the tree this
+        /// binary was built from).
+        #[arg(long, value_name = "PATH")]
+        sdk: Option<PathBuf>,
+    },
     /// Prints what the plugins of a pool emitted.
     Events {
         #[arg(long)]
@@ -243,6 +260,18 @@ fn main() -> ExitCode {
     init_logs(cli.log_format, default_level);
     if let Command::Try { plugin, script, settings, allow_outbound } = &cli.command {
         return try_plugin(plugin, script, settings, allow_outbound);
+    }
+    if let Command::New { name, lang, dir, sdk } = &cli.command {
+        return match pulse_host::scaffold::new(name, *lang, dir.as_deref(), sdk.as_deref()) {
+            Ok((dest, build)) => {
+                println!("wrote {}; build it with: cd {} && {build}", dest.display(), dest.display());
+                ExitCode::from(exit::OK)
+            }
+            Err(error) => {
+                eprintln!("pulse-host: {error:#}");
+                ExitCode::from(exit::ERROR)
+            }
+        };
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
@@ -411,7 +440,9 @@ async fn client_command(
         | Command::Retry { pool, .. }
         | Command::Forget { pool, .. }
         | Command::Shutdown { pool, .. } => pool.clone(),
-        Command::Run | Command::Check | Command::Try { .. } => unreachable!("handled above"),
+        Command::Run | Command::Check | Command::Try { .. } | Command::New { .. } => {
+            unreachable!("handled above")
+        }
     };
     let node = client::connect(client, &pool, options).await?;
     let result = answer(&node, command).await;

@@ -8,11 +8,14 @@
 //!   against the binary's `--help`.
 //! - `exposure`: HTTP clients that are slow, idle, too many or foreign;
 //!   the token; Redis over TLS with an ACL user; no secret printed.
+//! - `gate`: the upgrade gate undoing a bad release.
 //! - `hosting`: a host runs plugins as workers; the CLI drives their jobs.
 //! - `languages`: Python and JavaScript plugins across a killed host.
 //! - `outbound`: plugins calling HTTP (`fetcher`) across a killed host.
+//! - `scaffold`: `new` writes a plugin project whole or not at all.
 //! - `schedules`: a host runs a producer plugin's schedule.
 //! - `http`: the HTTP API, metrics and health of a running host.
+//! - `tries`: `try` runs a component alone on a scripted clock.
 //! - `upgrades`: a new release of a plugin rolled through two hosts by SIGHUP.
 //! - `status_page`: the status page in headless Chromium.
 #![allow(clippy::unwrap_used, reason = "tests and their helpers: a panic is the failure report")]
@@ -27,6 +30,7 @@ mod hosting;
 mod http;
 mod languages;
 mod outbound;
+mod scaffold;
 mod schedules;
 mod status_page;
 mod tries;
