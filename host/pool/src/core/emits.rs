@@ -43,7 +43,7 @@ use redis::{Cmd, RedisResult, Value};
 use tokio::sync::Notify;
 
 use super::Core;
-use crate::scripts;
+use crate::{scripts, wire};
 
 /// Payload bytes a worker's queue holds, at most, before a write is sent
 /// at once with everything queued.
@@ -89,9 +89,18 @@ pub(crate) struct Write {
     pub(crate) what: What,
 }
 
-/// An answer to a request, for a reply stream.
+/// An answer to a request, waiting to be sent.
 #[derive(Debug)]
-pub(crate) struct Reply {
+pub(crate) struct Outgoing {
+    pub(crate) stream: String,
+    pub(crate) outcome: super::Outcome,
+    pub(crate) request: String,
+    pub(crate) message: String,
+}
+
+/// An entry for a reply stream: one answer, or the answers of a batch.
+#[derive(Debug)]
+struct Reply {
     pub(crate) stream: String,
     /// The entry's name: an outcome, or the batch of answers.
     pub(crate) name: &'static str,
@@ -103,13 +112,13 @@ pub(crate) struct Reply {
 #[derive(Default)]
 struct Batch {
     writes: Vec<Write>,
-    replies: Vec<Reply>,
+    answers: Vec<Outgoing>,
     deletes: Vec<String>,
 }
 
 impl Batch {
     fn is_empty(&self) -> bool {
-        self.writes.is_empty() && self.replies.is_empty() && self.deletes.is_empty()
+        self.writes.is_empty() && self.answers.is_empty() && self.deletes.is_empty()
     }
 }
 
@@ -117,7 +126,7 @@ impl Batch {
 struct Pending {
     /// Each with whether its call ended (sealed): only those are sent.
     writes: VecDeque<(Write, bool)>,
-    replies: Vec<Reply>,
+    answers: Vec<Outgoing>,
     deletes: Vec<String>,
     bytes: usize,
     /// The calls running, by job: their writes wait for their end.
@@ -136,7 +145,7 @@ impl Pending {
     }
 
     fn has_sealed(&self) -> bool {
-        !self.replies.is_empty() || !self.deletes.is_empty() || self.writes.iter().any(|(_, sealed)| *sealed)
+        !self.answers.is_empty() || !self.deletes.is_empty() || self.writes.iter().any(|(_, sealed)| *sealed)
     }
 
     fn take(&mut self) -> Batch {
@@ -147,7 +156,7 @@ impl Pending {
         self.bytes = self.writes.iter().map(|(write, _)| write.what.payload().len()).sum();
         Batch {
             writes,
-            replies: std::mem::take(&mut self.replies),
+            answers: std::mem::take(&mut self.answers),
             deletes: std::mem::take(&mut self.deletes),
         }
     }
@@ -157,9 +166,9 @@ impl Pending {
         for write in batch.writes.into_iter().rev() {
             self.writes.push_front((write, true));
         }
-        let mut replies = batch.replies;
-        replies.append(&mut self.replies);
-        self.replies = replies;
+        let mut answers = batch.answers;
+        answers.append(&mut self.answers);
+        self.answers = answers;
         let mut deletes = batch.deletes;
         deletes.append(&mut self.deletes);
         self.deletes = deletes;
@@ -227,7 +236,7 @@ impl EmitQueue {
     /// A call of job `key` ended: its writes are sent with the next batch,
     /// with `replies` and the deletion of inbox entry `entry` (when the
     /// call's last scope ended: in one step with them).
-    pub(crate) fn end(&self, key: &str, replies: Vec<Reply>, entry: Option<String>) {
+    pub(crate) fn end(&self, key: &str, answers: Vec<Outgoing>, entry: Option<String>) {
         let mut pending = self.lock();
         if let Some(open) = pending.open.get_mut(key) {
             *open -= 1;
@@ -236,7 +245,7 @@ impl EmitQueue {
                 pending.seal(key);
             }
         }
-        pending.replies.extend(replies);
+        pending.answers.extend(answers);
         pending.deletes.extend(entry);
         let ready = pending.has_sealed();
         drop(pending);
@@ -260,9 +269,9 @@ impl EmitQueue {
     }
 
     /// Answers and inbox entries to delete with the next batch.
-    pub(crate) fn answer(&self, replies: Vec<Reply>, deletes: Vec<String>) {
+    pub(crate) fn answer(&self, answers: Vec<Outgoing>, deletes: Vec<String>) {
         let mut pending = self.lock();
-        pending.replies.extend(replies);
+        pending.answers.extend(answers);
         pending.deletes.extend(deletes);
     }
 
@@ -363,10 +372,11 @@ impl EmitQueue {
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
         let script = !batch.writes.is_empty();
+        let replies = replies(&batch.answers);
         if script {
-            pipe.add_command(write_cmd(core, &self.worker, batch));
+            pipe.add_command(write_cmd(core, &self.worker, batch, &replies));
         } else {
-            for reply in &batch.replies {
+            for reply in &replies {
                 pipe.add_command(reply_cmd(reply));
             }
             if !batch.deletes.is_empty() {
@@ -383,21 +393,22 @@ impl EmitQueue {
             pipe.add_command(cmd.clone());
         }
         let mut conn = core.conn.clone();
-        let mut replies: Vec<RedisResult<Value>> = pipe.query_async(&mut conn).await?;
-        let rest = replies.split_off(replies.len() - then.len());
+        let mut answered: Vec<RedisResult<Value>> = pipe.query_async(&mut conn).await?;
+        let rest = answered.split_off(answered.len() - then.len());
         if script {
-            let reply = match replies.pop() {
+            let reply = match answered.pop() {
                 // Redis forgot its scripts since the worker loaded them (a
                 // restart, `SCRIPT FLUSH`): the script wrote nothing, and
                 // is sent again, now after `then`.
                 Some(Err(error)) if scripts::is_unknown_script(&error) => {
-                    scripts::query(&scripts::WRITE, &write_cmd(core, &self.worker, batch), &mut conn).await
+                    let cmd = write_cmd(core, &self.worker, batch, &replies);
+                    scripts::query(&scripts::WRITE, &cmd, &mut conn).await
                 }
                 Some(other) => other.and_then(|value| Ok(redis::from_redis_value(value)?)),
                 None => unreachable!("one script sent, one answer"),
             };
             written(core, &batch.writes, reply);
-        } else if let Some(Err(error)) = replies.into_iter().find(Result::is_err) {
+        } else if let Some(Err(error)) = answered.into_iter().find(Result::is_err) {
             tracing::warn!(error = %error, "failed to answer or to delete the entry from the inbox");
         }
         Ok(rest)
@@ -409,13 +420,14 @@ impl EmitQueue {
         let key = write.key.clone();
         let batch = Batch { writes: vec![write], ..Batch::default() };
         let flags: String =
-            self.ordered(core, &key, &scripts::WRITE, write_cmd(core, &self.worker, &batch)).await?;
+            self.ordered(core, &key, &scripts::WRITE, write_cmd(core, &self.worker, &batch, &[])).await?;
         Ok(written_flags(&flags).next() == Some(true))
     }
 }
 
-/// `write.lua` for `batch`, written by `worker`.
-fn write_cmd(core: &Core, worker: &str, batch: &Batch) -> Cmd {
+/// `write.lua` for `batch`, written by `worker`, with its answers as
+/// `replies`.
+fn write_cmd(core: &Core, worker: &str, batch: &Batch, replies: &[Reply]) -> Cmd {
     let keys = &core.keys;
     let mut names = vec![
         keys.jobs.clone(),
@@ -432,22 +444,50 @@ fn write_cmd(core: &Core, worker: &str, batch: &Batch) -> Cmd {
             What::Finish => names.extend([keys.record(&write.key), keys.held(&write.key)]),
         }
     }
-    names.extend(batch.replies.iter().map(|reply| reply.stream.clone()));
+    names.extend(replies.iter().map(|reply| reply.stream.clone()));
     let mut cmd = scripts::evalsha(&scripts::WRITE, &names);
     cmd.arg(core.options.events_retention)
         .arg(core.options.events_max_bytes)
         .arg(worker)
         .arg(REPLIES_KEPT)
         .arg(batch.writes.len())
-        .arg(batch.replies.len());
+        .arg(replies.len());
     for write in &batch.writes {
         cmd.arg(write.what.kind()).arg(&write.key).arg(&write.token).arg(write.what.payload());
     }
-    for reply in &batch.replies {
+    for reply in replies {
         cmd.arg(reply.name).arg(&reply.payload);
     }
     cmd.arg(&batch.deletes);
     cmd
+}
+
+/// The entries for `answers` on their reply streams: per reply stream,
+/// one entry holding the answers to requests of a node that reads them in
+/// batches, and one entry per answer to any other request.
+fn replies(answers: &[Outgoing]) -> Vec<Reply> {
+    let mut replies = Vec::new();
+    // (stream, the payload of its `answers` entry), in order.
+    let mut batches: Vec<(&str, Vec<u8>)> = Vec::new();
+    for out in answers {
+        if !wire::reads_batches(&out.request) {
+            let payload = wire::encode_reply(&out.request, &out.message);
+            replies.push(Reply { stream: out.stream.clone(), name: out.outcome.as_str(), payload });
+            continue;
+        }
+        let at = match batches.iter().position(|(stream, _)| *stream == out.stream) {
+            Some(at) => at,
+            None => {
+                batches.push((&out.stream, Vec::new()));
+                batches.len() - 1
+            }
+        };
+        wire::push_answer(&mut batches[at].1, out.outcome.as_str(), &out.request, &out.message);
+    }
+    for (stream, payload) in batches {
+        replies.push(Reply { stream: stream.to_owned(), name: wire::ANSWERS, payload });
+    }
+    replies
 }
 
 /// An entry for `reply` on its reply stream.

@@ -33,7 +33,7 @@ use crate::scripts;
 
 pub(crate) use answers::{Assigned, Dispatched, Join, Outcome, Routed, protocol};
 pub use emits::CallScope;
-pub(crate) use emits::{EmitQueue, Reply, What, Write};
+pub(crate) use emits::{EmitQueue, Outgoing, What, Write};
 pub(crate) use fence::{Lease, WorkerFence, tick};
 pub(crate) use membership::{parse_entry, pool_epoch, pool_layout};
 pub(crate) use replies::{Answer, Waiter, Waiters, start as start_replies};

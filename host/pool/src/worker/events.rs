@@ -82,8 +82,7 @@ impl<H: JobHandler> Worker<H> {
         let first = self.apply(finished).await;
         // The call was made: what it wrote, its answer and the deletion of
         // its entry are sent in one step.
-        let replies = self.replies();
-        self.emits.end(&key, replies, entry);
+        self.emits.end(&key, std::mem::take(&mut self.outbox), entry);
         for event in first.into_iter().rev() {
             next.push_front(Queued { entry: None, event, entry_ms: 0 });
         }

@@ -52,20 +52,12 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use crate::context::Ended;
-use crate::core::{Core, EmitQueue, Outcome, WorkerFence};
+use crate::core::{Core, EmitQueue, Outgoing, WorkerFence};
 use crate::job::{Job, JobHandler};
 use crate::wire::InboxEvent;
 
 use handle::{Control, Exit};
 pub(crate) use handle::{WorkerHandle, spawn};
-
-/// An answer waiting to be sent with the next flush.
-struct Outgoing {
-    stream: String,
-    outcome: Outcome,
-    request: String,
-    message: String,
-}
 
 /// A job this worker runs.
 struct Running {

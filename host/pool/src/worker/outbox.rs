@@ -2,12 +2,13 @@
 //! its job wrote before, and the answers sent with the writes of the calls
 //! they answer and the deletion of each processed inbox entry.
 
-use crate::core::{Outcome, Reply};
+use crate::core::Outcome;
 use crate::job::JobHandler;
 use crate::scripts;
 use crate::wire::{self, InboxEvent};
 
-use super::{Outgoing, Worker};
+use super::Worker;
+use crate::core::Outgoing;
 
 impl<H: JobHandler> Worker<H> {
     /// Hands job `key` back to the pool under `token` (after the events
@@ -77,42 +78,13 @@ impl<H: JobHandler> Worker<H> {
         });
     }
 
-    /// The outbox's answers, for reply streams: per reply stream, one
-    /// entry holding the answers to requests of a node that reads them in
-    /// batches, and one entry per answer to any other request.
-    pub(super) fn replies(&mut self) -> Vec<Reply> {
-        let mut replies = Vec::new();
-        // (stream, the payload of its `answers` entry), in order.
-        let mut batches: Vec<(String, Vec<u8>)> = Vec::new();
-        for out in self.outbox.drain(..) {
-            if !wire::reads_batches(&out.request) {
-                let payload = wire::encode_reply(&out.request, &out.message);
-                replies.push(Reply { stream: out.stream, name: out.outcome.as_str(), payload });
-                continue;
-            }
-            let at = match batches.iter().position(|(stream, _)| *stream == out.stream) {
-                Some(at) => at,
-                None => {
-                    batches.push((out.stream, Vec::new()));
-                    batches.len() - 1
-                }
-            };
-            wire::push_answer(&mut batches[at].1, out.outcome.as_str(), &out.request, &out.message);
-        }
-        for (stream, payload) in batches {
-            replies.push(Reply { stream, name: wire::ANSWERS, payload });
-        }
-        replies
-    }
-
     /// Sends what the worker's jobs wrote in calls that ended, the answers
     /// waiting in the outbox, and deletes the entries processed since the
     /// last flush from the inbox: one round trip. The writes of a call
     /// still running wait for its end.
     pub(super) async fn flush(&mut self) {
         if !self.outbox.is_empty() || !self.processed.is_empty() {
-            let replies = self.replies();
-            self.emits.answer(replies, std::mem::take(&mut self.processed));
+            self.emits.answer(std::mem::take(&mut self.outbox), std::mem::take(&mut self.processed));
         }
         if !self.emits.has_ready() {
             return;
