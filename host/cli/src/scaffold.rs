@@ -16,7 +16,8 @@ pub enum Lang {
 }
 
 /// The contract every project builds against (Python and JavaScript read
-/// it from the project; Rust through the SDK).
+/// it from the project; Rust through the SDK, and Python through its SDK
+/// module, which the project holds too).
 const WIT: &str = include_str!("../../../wit/job.wit");
 
 /// Where the Rust SDK of the tree this binary was built from lies.
@@ -96,6 +97,8 @@ pub fn new(
         Lang::Python => {
             let files = vec![
                 ("app.py", include_str!("../templates/python/app.py").to_owned()),
+                // The Python SDK, beside the app, where componentize-py finds it.
+                ("pulse_plugin.py", include_str!("../../../sdk/python/pulse_plugin.py").to_owned()),
                 ("wit/job.wit", WIT.to_owned()),
             ];
             let build = format!("componentize-py -d wit -w job-handler componentize app -o {file}.wasm");
@@ -104,6 +107,7 @@ pub fn new(
         Lang::Js => {
             let files = vec![
                 ("app.js", include_str!("../templates/js/app.js").to_owned()),
+                ("pulse-plugin.js", include_str!("../../../sdk/js/pulse-plugin.js").to_owned()),
                 ("build.mjs", include_str!("../templates/js/build.mjs").to_owned()),
                 ("package.json", include_str!("../templates/js/package.json").to_owned()),
                 ("wit/job.wit", WIT.to_owned()),

@@ -9,42 +9,18 @@
 //
 // Build: npm install && npm run build
 
-import { config, log } from 'pulse:job/env@0.1.0';
-import { emit, saveState, setTimer } from 'pulse:job/host@0.1.0';
+import * as pulse from './pulse-plugin.js';
 
 /** Each running job's count (an instance may serve several jobs). */
 const counts = new Map();
-const encoder = new TextEncoder();
-const decoder = new TextDecoder();
-
-/**
- * Makes a host request; a refusal ends the call with a retryable error.
- * @param {string} what
- * @param {() => void} call
- */
-function request(what, call) {
-  try {
-    call();
-  } catch (refused) {
-    throw { tag: 'retryable', val: `${what} refused: ${JSON.stringify(refused.payload ?? refused)}` };
-  }
-}
 
 export const handler = {
+  /** @param {import('./pulse-plugin.js').Job} job */
   start(job) {
-    const state = job.state === undefined ? '0' : decoder.decode(job.state);
-    const count = /^\d+$/.test(state) ? Number(state) : 0;
-    log('info', `start ${job.key} at ${count}`);
-    const hello = encoder.encode('hello ');
-    const out = new Uint8Array(hello.length + job.payload.length);
-    out.set(hello, 0);
-    out.set(job.payload, hello.length);
-    request('emit', () => emit(job.key, out));
-    const every = config('interval-ms') ?? '1000';
-    if (!/^\d+$/.test(every)) {
-      throw { tag: 'fatal', val: `setting interval-ms = ${JSON.stringify(every)} is not a whole number` };
-    }
-    request('set-timer', () => setTimer(job.key, 'tick', BigInt(every), true));
+    const count = pulse.parseNumber(job.state) ?? 0;
+    pulse.info(`start ${job.key} at ${count}`);
+    pulse.emit(job.key, `hello ${pulse.text(job.payload)}`);
+    pulse.setTimer(job.key, 'tick', pulse.settingInt('interval-ms', 1000), true);
     counts.set(job.key, count);
   },
 
@@ -53,17 +29,16 @@ export const handler = {
   },
 
   notify(key, payload) {
-    request('emit', () => emit(key, payload));
+    pulse.emit(key, payload);
   },
 
   onTimer(key, _name) {
     if (!counts.has(key)) {
-      throw { tag: 'fatal', val: `tick for unknown job ${JSON.stringify(key)}` };
+      throw pulse.fatal(`tick for unknown job ${JSON.stringify(key)}`);
     }
     const count = counts.get(key) + 1;
     counts.set(key, count);
-    const text = encoder.encode(String(count));
-    request('save-state', () => saveState(key, text));
-    request('emit', () => emit(key, text));
+    pulse.saveState(key, String(count));
+    pulse.emit(key, String(count));
   },
 };

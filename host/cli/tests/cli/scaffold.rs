@@ -58,7 +58,7 @@ fn each_language_gets_its_project_with_a_script_and_the_command_that_builds_it()
     assert!(out.contains("componentize-py -d wit -w job-handler componentize app -o hello_py.wasm"), "{out}");
     assert_eq!(
         files(&dir.path().join("hello-py")),
-        [".gitignore", "README.md", "app.py", "script.txt", "wit/job.wit"]
+        [".gitignore", "README.md", "app.py", "pulse_plugin.py", "script.txt", "wit/job.wit"]
     );
 
     let (code, out, err) = new(dir.path(), &["hello-js", "--lang", "js", "--dir", "elsewhere/js"]);
@@ -66,7 +66,16 @@ fn each_language_gets_its_project_with_a_script_and_the_command_that_builds_it()
     let js = dir.path().join("elsewhere/js");
     assert_eq!(
         files(&js),
-        [".gitignore", "README.md", "app.js", "build.mjs", "package.json", "script.txt", "wit/job.wit"]
+        [
+            ".gitignore",
+            "README.md",
+            "app.js",
+            "build.mjs",
+            "package.json",
+            "pulse-plugin.js",
+            "script.txt",
+            "wit/job.wit"
+        ]
     );
     assert!(std::fs::read_to_string(js.join("build.mjs")).unwrap().contains("'hello_js.wasm'"));
 }
