@@ -13,65 +13,47 @@
 //   repeating `tick` timer; each tick increments the count, saves it and
 //   emits it; `start` emits nothing then.
 //
-// Build: `scripts/build-plugins` (componentize-js, from wit/job.wit).
+// Written on the JavaScript SDK (sdk/js/pulse-plugin.js). Build:
+// `scripts/build-plugins` (componentize-js, from wit/job.wit).
 
-import { config, log } from 'pulse:job/env@0.1.0';
-import { emit, saveState, setTimer } from 'pulse:job/host@0.1.0';
+import * as pulse from '../../sdk/js/pulse-plugin.js';
 
 // Running jobs of this instance: key -> count.
 const counts = new Map();
-const encoder = new TextEncoder();
-const decoder = new TextDecoder();
-
-// A job error: the `err` of the call's result.
-function jobError(tag, message) {
-  return { tag, val: message };
-}
-
-// Calls `request`, a host function; its refusal becomes a retryable error.
-function hostCall(what, request) {
-  try {
-    request();
-  } catch (refused) {
-    throw jobError('retryable', `${what} refused: ${JSON.stringify(refused.payload ?? refused)}`);
-  }
-}
 
 // Emits `payload`, behind the configured prefix, for `key`.
 function echo(key, payload) {
-  const prefix = encoder.encode(config('prefix') ?? '');
+  const prefix = pulse.bytes(pulse.setting('prefix') ?? '');
   const out = new Uint8Array(prefix.length + payload.length);
   out.set(prefix, 0);
   out.set(payload, prefix.length);
-  hostCall('emit', () => emit(key, out));
+  pulse.emit(key, out);
 }
 
 export const handler = {
+  /** @param {import('../../sdk/js/pulse-plugin.js').Job} job */
   start(job) {
-    log('info', `start ${job.key} (${job.payload.length} bytes, attempt ${job.attempt}, requeued ${job.requeued})`);
-    const interval = config('interval-ms');
-    if (interval === undefined) {
+    pulse.info(`start ${job.key} (${job.payload.length} bytes, attempt ${job.attempt}, requeued ${job.requeued})`);
+    if (pulse.setting('interval-ms') === undefined) {
       echo(job.key, job.payload);
       return;
     }
-    if (!/^\d+$/.test(interval)) {
-      throw jobError('fatal', `setting interval-ms must be a whole number, got ${JSON.stringify(interval)}`);
+    const interval = pulse.settingInt('interval-ms', 0);
+    const count = job.state === undefined ? 0 : pulse.parseNumber(job.state);
+    if (count === undefined) {
+      throw pulse.fatal('saved state is not a count');
     }
-    const saved = job.state === undefined ? '0' : decoder.decode(job.state);
-    if (!/^\d+$/.test(saved)) {
-      throw jobError('fatal', 'saved state is not a count');
-    }
-    counts.set(job.key, Number(saved));
-    hostCall('set-timer', () => setTimer(job.key, 'tick', BigInt(interval), true));
+    counts.set(job.key, count);
+    pulse.setTimer(job.key, 'tick', interval, true);
   },
 
   stop(key) {
     counts.delete(key);
-    log('info', `stop ${key}`);
+    pulse.info(`stop ${key}`);
   },
 
   notify(key, payload) {
-    if (decoder.decode(payload) === 'trap') {
+    if (pulse.text(payload) === 'trap') {
       throw new Error('trap requested');
     }
     echo(key, payload);
@@ -79,12 +61,11 @@ export const handler = {
 
   onTimer(key, name) {
     if (name !== 'tick' || !counts.has(key)) {
-      throw jobError('invalid-input', `no timer ${JSON.stringify(name)} is armed for ${JSON.stringify(key)}`);
+      throw pulse.invalidInput(`no timer ${JSON.stringify(name)} is armed for ${JSON.stringify(key)}`);
     }
     const value = counts.get(key) + 1;
     counts.set(key, value);
-    const bytes = encoder.encode(String(value));
-    hostCall('save-state', () => saveState(key, bytes));
-    hostCall('emit', () => emit(key, bytes));
+    pulse.saveState(key, String(value));
+    pulse.emit(key, String(value));
   },
 };
