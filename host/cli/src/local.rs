@@ -200,7 +200,7 @@ pub async fn run(loaded: &Loaded, script: &Path) -> anyhow::Result<bool> {
             Step::Notify { key, payload } => runner.notify(&key, payload).await,
             Step::Stop { key } => runner.stop(&key).await,
             Step::Advance(by) => {
-                advance(by).await;
+                pulse_plugin_test::advance(by).await;
                 Ok(())
             }
             Step::CrashAndMove { key } => {
@@ -237,22 +237,6 @@ fn describe(step: &Step) -> String {
         Step::Advance(by) => format!("advance {by:?}"),
         Step::Stop { key } => format!("stop {key}"),
         Step::CrashAndMove { key } => format!("crash-and-move {key}"),
-    }
-}
-
-/// Moves the paused clock on by `by`, a millisecond at a time, letting
-/// the timers that fall due fire (and their calls finish) in order.
-async fn advance(by: Duration) {
-    let step = Duration::from_millis(1);
-    let mut left = by;
-    while !left.is_zero() {
-        let now = step.min(left);
-        tokio::time::advance(now).await;
-        left -= now;
-        // Let what the tick woke run to its end.
-        for _ in 0..4 {
-            tokio::task::yield_now().await;
-        }
     }
 }
 
