@@ -35,17 +35,33 @@ setup_redis() {
   setup_require "pulse-host and its tests run real Redis servers" redis-server redis-server
 }
 
-# What the status page test needs: headless Chromium, or the browser that
-# PULSE_CHROMIUM names.
-setup_chromium() {
-  if [[ -n ${PULSE_CHROMIUM:-} ]]; then
-    command -v "$PULSE_CHROMIUM" >/dev/null || {
-      echo "setup: PULSE_CHROMIUM names $PULSE_CHROMIUM, which is not a command" >&2
+# setup_named VAR WHY COMMAND PACKAGE
+# The binary the environment variable VAR names, when set; otherwise
+# COMMAND, installing its Debian PACKAGE if missing.
+setup_named() {
+  local var=$1 why=$2 command=$3 package=$4
+  if [[ -n ${!var:-} ]]; then
+    command -v "${!var}" >/dev/null || {
+      echo "setup: $var names ${!var}, which is not a command" >&2
       exit 1
     }
     return 0
   fi
-  setup_require "the status page is tested in headless Chromium" chromium chromium
+  setup_require "$why" "$command" "$package"
+}
+
+# What the status page test needs: headless Chromium, or the browser that
+# PULSE_CHROMIUM names.
+setup_chromium() {
+  setup_named PULSE_CHROMIUM "the status page is tested in headless Chromium" chromium chromium
+}
+
+# What the tests of plugins pulled from a registry need: an OCI registry
+# (Debian's docker-registry, the CNCF distribution server), or the binary
+# that PULSE_REGISTRY names. The tests start it on loopback themselves.
+setup_registry() {
+  setup_named PULSE_REGISTRY "plugins are pushed to and pulled from a local OCI registry in the tests" \
+    docker-registry docker-registry
 }
 
 # What checking the alert rules needs: promtool, from Debian's prometheus.

@@ -225,15 +225,14 @@ fn is_digest(text: &str) -> bool {
         .is_some_and(|hex| hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
-/// `rollout start --file FILE [--version V]`.
+/// `rollout start --file FILE [--version V]`: announces the release of
+/// `digest`, which hosts find at `path` (a file or a registry reference).
 pub async fn start_rollout(
     view: &PoolView,
-    file: &std::path::Path,
+    digest: &str,
+    path: &str,
     version: &str,
 ) -> anyhow::Result<(u8, String)> {
-    let path = std::fs::canonicalize(file).with_context(|| format!("failed to read {}", file.display()))?;
-    let bytes = std::fs::read(&path).with_context(|| format!("failed to read {}", path.display()))?;
-    let digest = pulse_host::digest(&bytes);
     if version.contains('|') {
         anyhow::bail!("--version may not hold `|`, got {version:?}");
     }
@@ -244,8 +243,7 @@ pub async fn start_rollout(
             view.pool()
         );
     }
-    let path = path.to_str().context("the file's path is not UTF-8")?;
-    view.announce_rollout(&digest, version, path).await?;
+    view.announce_rollout(digest, version, path).await?;
     Ok((
         exit::OK,
         format!(

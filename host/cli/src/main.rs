@@ -238,6 +238,35 @@ enum Command {
         #[arg(long, value_name = "PATH")]
         sdk: Option<PathBuf>,
     },
+    /// Publishes a component to an OCI registry in the oci-wasm layout
+    /// (`oci://REGISTRY/NAME[:TAG]`) and prints the reference pinned to
+    /// its digest, for a plugin's `path`. Credentials, when the registry
+    /// asks: PULSE_REGISTRY_USERNAME and PULSE_REGISTRY_PASSWORD.
+    Push {
+        /// The component (`.wasm`).
+        file: PathBuf,
+        /// Where: `oci://REGISTRY/NAME[:TAG]`.
+        reference: String,
+        /// A version to record in the manifest's annotations.
+        #[arg(long)]
+        version: Option<String>,
+    },
+    /// Signs a component in a registry (`oci://…@sha256:…` or a tag) with
+    /// an ECDSA P-256 PEM key, in cosign's layout: a plugin's `verify =
+    /// { key = "NAME.pub" }` and `cosign verify --key` accept it.
+    Sign {
+        /// The component's reference.
+        reference: String,
+        /// The private key (PEM; `keygen` writes one).
+        #[arg(long)]
+        key: PathBuf,
+    },
+    /// Writes a new signing key pair: NAME.key (private, PKCS#8 PEM,
+    /// readable by its owner only) and NAME.pub.
+    Keygen {
+        /// The files' name, without extension.
+        name: PathBuf,
+    },
     /// Prints what the plugins of a pool emitted.
     Events {
         #[arg(long)]
@@ -280,6 +309,28 @@ fn main() -> ExitCode {
             return ExitCode::from(exit::ERROR);
         }
     };
+    let registry = match &cli.command {
+        Command::Push { file, reference, version } => {
+            Some(runtime.block_on(pulse_host::registry::push(file, reference, version.as_deref())))
+        }
+        Command::Sign { reference, key } => {
+            Some(runtime.block_on(pulse_host::registry::sign(reference, key)))
+        }
+        Command::Keygen { name } => Some(pulse_host::registry::keygen(name)),
+        _ => None,
+    };
+    if let Some(done) = registry {
+        return match done {
+            Ok(text) => {
+                println!("{text}");
+                ExitCode::from(exit::OK)
+            }
+            Err(error) => {
+                eprintln!("pulse-host: {error:#}");
+                ExitCode::from(exit::ERROR)
+            }
+        };
+    }
     match runtime.block_on(execute(cli)) {
         Ok(code) => code,
         Err(error) => {
@@ -367,7 +418,7 @@ async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
         }
     };
     let client = open_redis(&url, &config.redis).await?;
-    client_command(cli.command, &client, run::node_options(&config)).await
+    client_command(cli.command, &client, &config).await
 }
 
 /// Where Redis is, from `url` (TLS with the config's certificates for the
@@ -411,8 +462,9 @@ async fn open_redis(url: &Secret, config: &pulse_config::RedisConfig) -> anyhow:
 async fn client_command(
     command: Command,
     client: &pulse_redis::Redis,
-    options: pulse_pool::NodeOptions,
+    config: &pulse_config::Config,
 ) -> anyhow::Result<ExitCode> {
+    let options = run::node_options(config);
     let pool = match &command {
         Command::Events { pool, follow, json } => return client::events(client, pool, *follow, *json).await,
         // A view of the pool, which does not join it (all read, but
@@ -423,7 +475,7 @@ async fn client_command(
         | Command::Rollout { pool, .. }
         | Command::Nodes { pool, .. } => {
             let view = client::view(client, pool).await?;
-            return finish(read(&view, command).await);
+            return finish(read(&view, command, config).await);
         }
         Command::Dispatch { pool, from_file: Some(file), .. } => {
             // Every line is checked before the pool is joined: a file with
@@ -440,7 +492,13 @@ async fn client_command(
         | Command::Retry { pool, .. }
         | Command::Forget { pool, .. }
         | Command::Shutdown { pool, .. } => pool.clone(),
-        Command::Run | Command::Check | Command::Try { .. } | Command::New { .. } => {
+        Command::Run
+        | Command::Check
+        | Command::Try { .. }
+        | Command::New { .. }
+        | Command::Push { .. }
+        | Command::Sign { .. }
+        | Command::Keygen { .. } => {
             unreachable!("handled above")
         }
     };
@@ -460,7 +518,11 @@ fn finish(result: anyhow::Result<(u8, String)>) -> anyhow::Result<ExitCode> {
 }
 
 /// The commands answered from a view of the pool.
-async fn read(view: &pulse_pool::PoolView, command: Command) -> anyhow::Result<(u8, String)> {
+async fn read(
+    view: &pulse_pool::PoolView,
+    command: Command,
+    config: &pulse_config::Config,
+) -> anyhow::Result<(u8, String)> {
     Ok(match command {
         Command::Status { key, json, .. } => match view.status(&key).await? {
             Some(job) if json => (exit::OK, serde_json::to_string(&job).unwrap_or_default()),
@@ -496,7 +558,8 @@ async fn read(view: &pulse_pool::PoolView, command: Command) -> anyhow::Result<(
         }
         Command::Rollout { action: RolloutAction::Start, file, version, .. } => {
             let file = file.context("`rollout start` needs --file FILE: the plugin file to announce")?;
-            client::start_rollout(view, &file, version.as_deref().unwrap_or_default()).await?
+            let (digest, path) = pulse_host::registry::release_to_announce(&file, config, view.pool())?;
+            client::start_rollout(view, &digest, &path, version.as_deref().unwrap_or_default()).await?
         }
         Command::Rollout { file: Some(_), .. } | Command::Rollout { version: Some(_), .. } => {
             anyhow::bail!("--file and --version go with `rollout start`")

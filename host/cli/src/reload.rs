@@ -154,14 +154,14 @@ impl Host<'_> {
         // it is right.
         let mut changes = Vec::new();
         for config in &new.plugins {
-            let file = Component::read(&config.path)?;
+            let file = Component::fetch(&config.source, new.runtime.cache_dir.as_deref())?;
             let change = match self.served.iter().find(|served| served.config.pool == config.pool) {
                 Some(served) if served.previous.is_some() && file.digest != served.loaded.release.digest => {
                     // It runs a release announced for the pool: the file
                     // of config.toml is not taken over it.
-                    tracing::warn!(pool = %config.pool, runs = %served.loaded.release, file = %config.path.display(), "this host runs the release announced for the pool (`pulse-host rollout`); config.toml's file differs and is not taken: point `path` at the announced file, or undo the rollout");
+                    tracing::warn!(pool = %config.pool, runs = %served.loaded.release, file = %config.source, "this host runs the release announced for the pool (`pulse-host rollout`); config.toml's file differs and is not taken: point `path` at the announced file, or undo the rollout");
                     let kept = PluginConfig {
-                        path: served.config.path.clone(),
+                        source: served.config.source.clone(),
                         version: served.config.version.clone(),
                         ..config.clone()
                     };
@@ -190,7 +190,7 @@ impl Host<'_> {
         };
         let mut producers: Vec<Option<LoadedProducer>> = Vec::new();
         for config in &new.schedules {
-            let file = Component::read(&config.path)?;
+            let file = Component::fetch(&config.source, new.runtime.cache_dir.as_deref())?;
             let unchanged = self.schedules.iter().any(|running| {
                 running.config == *config && running.digest == file.digest && !closing(&running.node)
             });

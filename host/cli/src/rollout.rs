@@ -21,7 +21,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use pulse_config::PluginConfig;
+use pulse_config::{PluginConfig, Source};
 use pulse_pool::{Rollout, RolloutOutcome, RolloutState};
 
 use crate::reload::Upgraded;
@@ -88,20 +88,27 @@ impl Host<'_> {
     /// This host's turn: loads the announced release and upgrades to it.
     async fn take(&mut self, pool: &str, rollout: &Rollout, signals: &mut Signals) -> RolloutOutcome {
         let host = self.options.identity.host.clone();
+        let cache_dir = self.config.runtime.cache_dir.clone();
         let served = self.served_mut(pool);
         let node = served.node.clone();
         let config = PluginConfig {
-            path: rollout.path.clone().into(),
+            source: match announced_source(&rollout.path, &served.config.source) {
+                Ok(source) => source,
+                Err(error) => {
+                    tracing::error!(pool, release = %rollout.digest, "the announced release cannot run here; the rollout halts: {error:#}");
+                    return RolloutOutcome::Halted(format!("host {host}: {error:#}"));
+                }
+            },
             version: rollout.version.clone(),
             ..served.config.clone()
         };
         tracing::info!(pool, release = %rollout.digest, path = %rollout.path, "this host's turn in the pool's rollout");
         let loaded = async {
-            let file = Component::read(&config.path)?;
+            let file = Component::fetch(&config.source, cache_dir.as_deref())?;
             if file.digest != rollout.digest {
                 anyhow::bail!(
                     "{} is {}, not the release announced ({}): every host must have the same file at that path",
-                    config.path.display(),
+                    config.source,
                     file.digest,
                     rollout.digest
                 );
@@ -152,4 +159,27 @@ impl Host<'_> {
         served.config = config;
         Ok(true)
     }
+}
+
+/// Where an announced release is: a file, or a registry reference (`rollout
+/// start` announces either). A plugin that asks for signed releases
+/// (`verify`) checks the announced one with the same key, and takes no
+/// file.
+fn announced_source(path: &str, configured: &Source) -> anyhow::Result<Source> {
+    let verify = match configured {
+        Source::Registry { verify, .. } => verify.clone(),
+        Source::File(_) => None,
+    };
+    if !pulse_oci::is_reference(path) {
+        if let Some(key) = verify {
+            anyhow::bail!(
+                "the plugin takes only releases signed for {} (verify), and the rollout announced a file, {path}: \
+                 announce the release's registry reference instead",
+                key.display()
+            );
+        }
+        return Ok(Source::File(path.into()));
+    }
+    let reference = pulse_oci::Reference::parse(path).map_err(anyhow::Error::msg)?;
+    Ok(Source::Registry { reference, verify })
 }

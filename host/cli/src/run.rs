@@ -116,8 +116,11 @@ pub(crate) fn runtime_config(config: &Config) -> RuntimeConfig {
         .max_instances(config.runtime.max_instances)
         .max_memory_per_instance(config.runtime.max_memory_per_instance)
         .fuel(config.runtime.fuel);
+    // Compiled code goes to a folder of its own: wasmtime's cache cleans
+    // its folder of files it did not write, such as pulled components
+    // (`oci/`).
     match &config.runtime.cache_dir {
-        Some(dir) => runtime_config.cache_dir(dir),
+        Some(dir) => runtime_config.cache_dir(dir.join("compiled")),
         None => runtime_config,
     }
 }

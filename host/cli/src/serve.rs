@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use anyhow::Context;
-use pulse_config::{Config, PluginConfig, ScheduleConfig, Upgrade};
+use pulse_config::{Config, PluginConfig, ScheduleConfig, Source, Upgrade};
 use pulse_pool::{Node, NodeOptions, Release, WorkerOptions};
 use pulse_runtime::Runtime;
 
@@ -89,9 +89,21 @@ pub(crate) struct Component {
 }
 
 impl Component {
-    pub(crate) fn read(path: &std::path::Path) -> anyhow::Result<Self> {
-        let bytes = std::fs::read(path).with_context(|| format!("failed to read {}", path.display()))?;
-        Ok(Self { digest: digest(&bytes), bytes })
+    /// The component `source` names: a file, or a registry's component
+    /// pulled into `cache_dir` (config checks it is set for one).
+    pub(crate) fn fetch(source: &Source, cache_dir: Option<&std::path::Path>) -> anyhow::Result<Self> {
+        match source {
+            Source::File(path) => {
+                let bytes =
+                    std::fs::read(path).with_context(|| format!("failed to read {}", path.display()))?;
+                Ok(Self { digest: digest(&bytes), bytes })
+            }
+            Source::Registry { reference, verify } => {
+                let cache_dir = cache_dir.context("a registry path needs [runtime] cache_dir")?;
+                let pulled = blocking(|| crate::registry::pull(reference, verify.as_deref(), cache_dir))?;
+                Ok(Self { digest: pulled.component_digest, bytes: pulled.bytes })
+            }
+        }
     }
 }
 
@@ -123,15 +135,16 @@ pub(crate) fn load_producer(
 pub(crate) fn load_all(config: &Config) -> anyhow::Result<(Runtime, Vec<LoadedPlugin>, Vec<LoadedProducer>)> {
     let runtime =
         Runtime::new(crate::run::runtime_config(config)).context("failed to start the plugin runtime")?;
+    let cache_dir = config.runtime.cache_dir.as_deref();
     let plugins = config
         .plugins
         .iter()
-        .map(|plugin| load_plugin(&runtime, plugin, Component::read(&plugin.path)?))
+        .map(|plugin| load_plugin(&runtime, plugin, Component::fetch(&plugin.source, cache_dir)?))
         .collect::<anyhow::Result<_>>()?;
     let producers = config
         .schedules
         .iter()
-        .map(|schedule| load_producer(&runtime, schedule, Component::read(&schedule.path)?))
+        .map(|schedule| load_producer(&runtime, schedule, Component::fetch(&schedule.source, cache_dir)?))
         .collect::<anyhow::Result<_>>()?;
     Ok((runtime, plugins, producers))
 }

@@ -189,8 +189,9 @@ impl Setting {
 pub struct PluginConfig {
     /// `name`.
     pub name: String,
-    /// `path`, resolved against the config file's folder.
-    pub path: PathBuf,
+    /// `path`: a file (resolved against the config file's folder) or a
+    /// registry reference, with `verify`.
+    pub source: Source,
     /// `pool` (default: the name).
     pub pool: String,
     /// `workers` on this host.
@@ -234,9 +235,9 @@ pub struct PluginConfig {
 pub struct ScheduleConfig {
     /// `name`: the schedule's name in its pool.
     pub name: String,
-    /// `path` of the producer component, resolved against the config
-    /// file's folder.
-    pub path: PathBuf,
+    /// `path` of the producer component: a file (resolved against the
+    /// config file's folder) or a registry reference, with `verify`.
+    pub source: Source,
     /// `pool` whose jobs the plans start and stop.
     pub pool: String,
     /// `interval` between plans.
@@ -249,6 +250,31 @@ pub struct ScheduleConfig {
     pub limits: Limits,
     /// `[schedule.settings]`.
     pub settings: BTreeMap<String, Setting>,
+}
+
+/// Where a plugin's or producer's component comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// A file.
+    File(PathBuf),
+    /// `oci://…`: pulled into `runtime.cache_dir` (which config checks
+    /// is set) and checked against its digest.
+    Registry {
+        /// The reference (by digest, or by tag with `allow_tags = true`).
+        reference: pulse_oci::Reference,
+        /// `verify = { key = "…" }`: the public key a signature must be
+        /// made with; none: no signature is asked for.
+        verify: Option<PathBuf>,
+    },
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::File(path) => write!(f, "{}", path.display()),
+            Source::Registry { reference, .. } => write!(f, "{reference}"),
+        }
+    }
 }
 
 /// `isolation`.

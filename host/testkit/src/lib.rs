@@ -11,6 +11,8 @@
 //! - [`plugins`]: paths to the components `scripts/build-plugins` built.
 //! - [`http`]: [`HttpServer`], a loopback HTTP server that counts requests,
 //!   for plugins' outgoing requests.
+//! - [`registry`]: [`Registry`], a private OCI registry for plugins
+//!   pushed and pulled.
 //! - [`logs`]: [`logs::capture`], log lines with their span fields, for
 //!   tests that check what was logged.
 //! - [`init_tracing`]: log output for tests, filtered by `RUST_LOG`.
@@ -35,12 +37,14 @@ pub mod logs;
 pub mod names;
 pub mod plugins;
 pub mod pools;
+pub mod registry;
 pub mod server;
 pub mod topology;
 
 pub use http::{FencedWrite, HttpServer};
 pub use names::{assert_no_keys, keys_under, unique};
 pub use pools::slot_table;
+pub use registry::Registry;
 pub use server::{RedisServer, connect, shared_redis_url};
 pub use topology::{RedisCluster, RedisSentinels, start_replica};
 

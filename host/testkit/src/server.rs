@@ -313,7 +313,7 @@ fn spawn_watchdog(pid: u32, dir: &Path) -> (Child, ChildStdin) {
 }
 
 /// A port on 127.0.0.1 that was free a moment ago.
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("failed to find a free port");
     listener.local_addr().expect("a bound listener has an address").port()
 }

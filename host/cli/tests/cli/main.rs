@@ -12,6 +12,7 @@
 //! - `hosting`: a host runs plugins as workers; the CLI drives their jobs.
 //! - `languages`: Python and JavaScript plugins across a killed host.
 //! - `outbound`: plugins calling HTTP (`fetcher`) across a killed host.
+//! - `registry`: plugins pushed, signed and pulled from an OCI registry.
 //! - `scaffold`: `new` writes a plugin project whole or not at all.
 //! - `schedules`: a host runs a producer plugin's schedule.
 //! - `http`: the HTTP API, metrics and health of a running host.
@@ -30,6 +31,7 @@ mod hosting;
 mod http;
 mod languages;
 mod outbound;
+mod registry;
 mod scaffold;
 mod schedules;
 mod status_page;

@@ -174,16 +174,64 @@ impl Check<'_> {
         checked
     }
 
-    /// A component file, resolved against the config's folder.
+    /// A component's `path`: a file, resolved against the config's
+    /// folder, or `oci://…` with its `allow_tags` and `verify`
+    /// (`registry` tells whether `runtime.cache_dir` is set).
     pub(super) fn component(
         &mut self,
         what: &str,
         name: &str,
         base: &Path,
         path: &Spanned<String>,
-    ) -> std::path::PathBuf {
+        (allow_tags, verify): (Option<&Spanned<bool>>, Option<&Spanned<Verify>>),
+        cache_dir: bool,
+    ) -> Source {
         let context = format!("{what} {name:?}");
-        self.existing(base, path, &context, " (build plugins with scripts/build-plugins)")
+        if !pulse_oci::is_reference(path.get_ref()) {
+            if let Some(allow_tags) = allow_tags {
+                self.problem(
+                    allow_tags,
+                    format!("{context}: allow_tags applies to registry paths (oci://…); path is a file"),
+                );
+            }
+            if let Some(verify) = verify {
+                self.problem(
+                    verify,
+                    format!("{context}: verify checks a signature kept in a registry; path is a file (use oci://…, see `pulse-host push`)"),
+                );
+            }
+            return Source::File(self.existing(
+                base,
+                path,
+                &context,
+                " (build plugins with scripts/build-plugins)",
+            ));
+        }
+        let verify = verify.map(|verify| self.file("verify.key", base, &verify.get_ref().key));
+        let reference = match pulse_oci::Reference::parse(path.get_ref()) {
+            Ok(reference) => reference,
+            Err(why) => {
+                self.problem(path, format!("{context}: path {why}"));
+                return Source::File(base.join(path.get_ref()));
+            }
+        };
+        let tags_allowed = allow_tags.is_some_and(|allow| *allow.get_ref());
+        if let (Some(tag), None, false) = (&reference.tag, &reference.digest, tags_allowed) {
+            self.problem(
+                path,
+                format!(
+                    "{context}: path names tag {tag:?} without a digest; a tag can move, and hosts would run different \
+                     builds under one name: pin it with @sha256:… (what `pulse-host push` prints), or set allow_tags = true"
+                ),
+            );
+        }
+        if !cache_dir {
+            self.problem(
+                path,
+                format!("{context}: path is a registry reference; set [runtime] cache_dir: pulled components are kept there"),
+            );
+        }
+        Source::Registry { reference, verify }
     }
 
     /// A file the host reads at start (`key` names it), resolved against

@@ -21,7 +21,7 @@ use toml::Spanned;
 use crate::units::{self, DURATION_FORMS, SIZE_FORMS};
 use crate::{
     Config, Defaults, HttpConfig, Isolation, Limits, NodeConfig, PluginConfig, Problem, RedisConfig,
-    RuntimeConfig, ScheduleConfig, Secret, Upgrade, line_of,
+    RuntimeConfig, ScheduleConfig, Secret, Source, Upgrade, line_of,
 };
 
 // The range of every number, size and duration: what `check` enforces
@@ -133,6 +133,8 @@ struct Runtime {
 struct Plugin {
     name: Spanned<String>,
     path: Spanned<String>,
+    allow_tags: Option<Spanned<bool>>,
+    verify: Option<Spanned<Verify>>,
     pool: Option<Spanned<String>>,
     workers: Option<Spanned<u64>>,
     isolation: Option<Spanned<String>>,
@@ -156,6 +158,8 @@ struct Plugin {
 struct Schedule {
     name: Spanned<String>,
     path: Spanned<String>,
+    allow_tags: Option<Spanned<bool>>,
+    verify: Option<Spanned<Verify>>,
     pool: Spanned<String>,
     interval: Spanned<String>,
     #[serde(default)]
@@ -165,6 +169,13 @@ struct Schedule {
     limits: PluginLimits,
     #[serde(default)]
     settings: BTreeMap<String, Spanned<RawSetting>>,
+}
+
+/// `verify = { key = "cosign.pub" }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Verify {
+    key: Spanned<String>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -291,7 +302,14 @@ impl File {
                     format!("plugin name {name:?} is used twice; names must be unique"),
                 );
             }
-            let path = check.component("plugin", &name, base, &plugin.path);
+            let source = check.component(
+                "plugin",
+                &name,
+                base,
+                &plugin.path,
+                (plugin.allow_tags.as_ref(), plugin.verify.as_ref()),
+                runtime.cache_dir.is_some(),
+            );
             let pool = match &plugin.pool {
                 Some(pool) if !check.name("pool", pool) => name.clone(),
                 Some(pool) => pool.get_ref().clone(),
@@ -323,7 +341,7 @@ impl File {
             quotas.push(plugin.limits.instances.clone());
             plugins.push(PluginConfig {
                 name,
-                path,
+                source,
                 pool,
                 workers: check.count("workers", plugin.workers.as_ref(), 1, WORKERS) as u32,
                 isolation,
@@ -371,13 +389,20 @@ impl File {
                     format!("schedule {name:?} of pool {pool:?} is declared twice; a pool's schedules need unique names"),
                 );
             }
-            let path = check.component("schedule", &name, base, &schedule.path);
+            let source = check.component(
+                "schedule",
+                &name,
+                base,
+                &schedule.path,
+                (schedule.allow_tags.as_ref(), schedule.verify.as_ref()),
+                runtime.cache_dir.is_some(),
+            );
             let interval = check.duration("interval", Some(&schedule.interval), secs(1), INTERVAL);
             let limits = check.limits("schedule", &schedule.name, &schedule.limits, &runtime);
             quotas.push(schedule.limits.instances.clone());
             schedules.push(ScheduleConfig {
                 name,
-                path,
+                source,
                 pool,
                 interval,
                 allowed_outbound_hosts: schedule.allowed_outbound_hosts,

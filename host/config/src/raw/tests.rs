@@ -383,3 +383,45 @@ fn the_api_certificate_and_key_go_together() {
     let (cert, key) = config.http.unwrap().tls.unwrap();
     assert_eq!((cert, key), (dir.path().join("api.crt"), dir.path().join("api.key")));
 }
+
+#[test]
+fn a_registry_path_is_pinned_by_digest_unless_tags_are_allowed_and_needs_a_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("p.wasm"), b"").unwrap();
+    std::fs::write(dir.path().join("signer.pub"), b"").unwrap();
+    let path = dir.path().join("config.toml");
+    let digest = format!("sha256:{}", "a".repeat(64));
+    let text = format!(
+        "[runtime]\ncache_dir = \"cache\"\n[[plugin]]\nname = \"p\"\npath = \"oci://ghcr.io/acme/p@{digest}\"\n\
+         verify = {{ key = \"signer.pub\" }}\n[[schedule]]\nname = \"s\"\npool = \"p\"\ninterval = \"1s\"\n\
+         path = \"oci://ghcr.io/acme/s:v1\"\nallow_tags = true\n"
+    );
+    let config = parse(&path, &text).unwrap();
+    match &config.plugins[0].source {
+        crate::Source::Registry { reference, verify } => {
+            assert_eq!(reference.digest.as_deref(), Some(digest.as_str()));
+            assert_eq!(verify.as_deref(), Some(dir.path().join("signer.pub").as_path()));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        matches!(&config.schedules[0].source, crate::Source::Registry { reference, .. } if reference.tag.as_deref() == Some("v1"))
+    );
+
+    // A tag alone, no cache folder, a broken reference, and the registry
+    // keys on a file path: each named on its line.
+    let text = "[[plugin]]\nname = \"a\"\npath = \"oci://ghcr.io/acme/a:v1\"\n\
+                [[plugin]]\nname = \"b\"\npath = \"oci://ghcr.io/Acme/b:v1\"\n\
+                [[plugin]]\nname = \"c\"\npath = \"p.wasm\"\nallow_tags = true\nverify = { key = \"signer.pub\" }\n";
+    let error = parse(&path, text).unwrap_err();
+    let message = error.to_string();
+    for says in [
+        "config.toml:3: plugin \"a\": path names tag \"v1\" without a digest",
+        "config.toml:3: plugin \"a\": path is a registry reference; set [runtime] cache_dir",
+        "config.toml:6: plugin \"b\": path \"oci://ghcr.io/Acme/b:v1\": repository \"Acme/b\" is not a repository name",
+        "config.toml:10: plugin \"c\": allow_tags applies to registry paths",
+        "config.toml:11: plugin \"c\": verify checks a signature kept in a registry",
+    ] {
+        assert!(message.contains(says), "{says}\n{message}");
+    }
+}
