@@ -23,16 +23,16 @@
 //! settings, and outbound HTTP under the same allow-list rules (none
 //! allowed unless given).
 
-use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::path::Path;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
-use pulse_runtime::{BoxFuture, CallError, HostRefusal, Job, JobOutputs, JobRunner, Plugin};
+use pulse_plugin_test::Harness;
+use pulse_runtime::{CallError, Output, Plugin};
 
 /// One step of a script.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,13 +79,6 @@ fn parse(text: &str) -> anyhow::Result<Vec<(usize, Step)>> {
     Ok(steps)
 }
 
-/// What the plugin did: printed as it comes; the state each job saved.
-#[derive(Default)]
-struct Printed {
-    saved: Mutex<HashMap<String, Vec<u8>>>,
-    trapped: AtomicBool,
-}
-
 fn show(bytes: &[u8]) -> String {
     match std::str::from_utf8(bytes) {
         Ok(text) => text.to_owned(),
@@ -102,42 +95,14 @@ fn say(line: &str) {
     let _ = out.flush();
 }
 
-impl Printed {
-    fn saved(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<u8>>> {
-        // Held for one map operation, never across an await.
-        self.saved.lock().unwrap_or_else(|poison| poison.into_inner())
-    }
-
-    /// The state job `key` saved last.
-    fn state_of(&self, key: &str) -> Option<Vec<u8>> {
-        self.saved().get(key).cloned()
-    }
-}
-
-impl JobOutputs for Printed {
-    fn emit<'a>(&'a self, key: &'a str, payload: Vec<u8>) -> BoxFuture<'a, Result<(), HostRefusal>> {
-        say(&format!("emit {key}: {}", show(&payload)));
-        Box::pin(std::future::ready(Ok(())))
-    }
-
-    fn save_state<'a>(&'a self, key: &'a str, state: Vec<u8>) -> BoxFuture<'a, Result<(), HostRefusal>> {
-        say(&format!("state {key}: {}", show(&state)));
-        self.saved().insert(key.to_owned(), state);
-        Box::pin(std::future::ready(Ok(())))
-    }
-
-    fn complete<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), HostRefusal>> {
-        say(&format!("complete {key}"));
-        Box::pin(std::future::ready(Ok(())))
-    }
-
-    fn job_failed<'a>(&'a self, key: &'a str, error: &'a CallError) -> BoxFuture<'a, ()> {
-        say(&format!("failed {key}: {error}"));
-        if matches!(error, CallError::Trap(_)) {
-            self.trapped.store(true, Ordering::Relaxed);
-        }
-        Box::pin(std::future::ready(()))
-    }
+/// An output as `try` prints it.
+fn print(output: &Output) {
+    say(&match output {
+        Output::Emit { key, payload } => format!("emit {key}: {}", show(payload)),
+        Output::SaveState { key, state } => format!("state {key}: {}", show(state)),
+        Output::Complete { key } => format!("complete {key}"),
+        Output::Failed { key, error } => format!("failed {key}: {error}"),
+    });
 }
 
 /// Loads the component at `path` as a host would load a `[[plugin]]` of
@@ -159,13 +124,13 @@ pub fn load(path: &Path, settings: &[String], allow_outbound: &[String]) -> anyh
     }
     let config = pulse_config::parse(Path::new("try.toml"), &text, &crate::defaults::defaults())?;
     let (runtime, mut plugins, _) = crate::serve::load_all(&config)?;
-    Ok(Loaded { plugin: plugins.remove(0).plugin, _runtime: runtime })
+    Ok(Loaded { plugin: plugins.remove(0).plugin, runtime })
 }
 
 /// A plugin loaded for `try`, with the runtime it runs in.
 pub struct Loaded {
     plugin: Plugin,
-    _runtime: pulse_runtime::Runtime,
+    runtime: pulse_runtime::Runtime,
 }
 
 impl std::fmt::Debug for Loaded {
@@ -179,55 +144,43 @@ impl std::fmt::Debug for Loaded {
 ///
 /// # Errors
 /// A script that cannot be read or has a wrong line (nothing is run).
-pub async fn run(loaded: &Loaded, script: &Path) -> anyhow::Result<bool> {
-    let plugin = &loaded.plugin;
+pub async fn run(loaded: Loaded, script: &Path) -> anyhow::Result<bool> {
     let text =
         std::fs::read_to_string(script).with_context(|| format!("failed to read {}", script.display()))?;
     let steps = parse(&text).with_context(|| format!("{}", script.display()))?;
-    let printed = Arc::new(Printed::default());
-    let mut runner: JobRunner = plugin.runner(printed.clone());
-    // Each job as it was started: what a move starts it with again.
-    let mut started: HashMap<String, Job> = HashMap::new();
+    let trapped = Arc::new(AtomicBool::new(false));
+    let mut harness = Harness::new(loaded.plugin, loaded.runtime);
+    let seen = trapped.clone();
+    harness.observe(move |output| {
+        if let Output::Failed { error: CallError::Trap(_), .. } = output {
+            seen.store(true, Ordering::Relaxed);
+        }
+        print(output);
+    });
     for (line, step) in steps {
         say(&format!("> {}", describe(&step)));
         let result = match step {
-            Step::Start { key, payload } => {
-                let created_at_ms = started.len() as u64 + 1;
-                let job = Job { key, payload, created_at_ms, requeued: false, attempt: 1, state: None };
-                started.insert(job.key.clone(), job.clone());
-                runner.start(Job { state: printed.state_of(&job.key), ..job }).await
-            }
-            Step::Notify { key, payload } => runner.notify(&key, payload).await,
-            Step::Stop { key } => runner.stop(&key).await,
+            Step::Start { key, payload } => harness.start(&key, payload).await,
+            Step::Notify { key, payload } => harness.notify(&key, payload).await,
+            Step::Stop { key } => harness.stop(&key).await,
             Step::Advance(by) => {
-                pulse_plugin_test::advance(by).await;
+                harness.advance(by).await;
                 Ok(())
             }
-            Step::CrashAndMove { key } => {
-                runner.abandon(&key).await;
-                // A new runner: the job's next instance, as on another host.
-                let previous = std::mem::replace(&mut runner, plugin.runner(printed.clone()));
-                previous.close().await;
-                let job = started.get(&key).cloned().unwrap_or_else(|| Job {
-                    key: key.clone(),
-                    attempt: 1,
-                    ..Job::default()
-                });
-                runner.start(Job { requeued: true, state: printed.state_of(&key), ..job }).await
-            }
+            Step::CrashAndMove { key } => harness.crash_and_move(&key).await,
         };
         match result {
             Ok(()) => say("ok"),
             Err(error) => {
                 if matches!(error, CallError::Trap(_)) {
-                    printed.trapped.store(true, Ordering::Relaxed);
+                    trapped.store(true, Ordering::Relaxed);
                 }
                 say(&format!("error (line {line}): {error}"));
             }
         }
     }
-    runner.close().await;
-    Ok(printed.trapped.load(Ordering::Relaxed))
+    harness.close().await;
+    Ok(trapped.load(Ordering::Relaxed))
 }
 
 fn describe(step: &Step) -> String {

@@ -353,7 +353,7 @@ fn try_plugin(plugin: &Path, script: &Path, settings: &[String], allow_outbound:
     };
     let tried = runtime.block_on(async {
         let loaded = pulse_host::local::load(plugin, settings, allow_outbound)?;
-        pulse_host::local::run(&loaded, script).await
+        pulse_host::local::run(loaded, script).await
     });
     match tried {
         Ok(false) => ExitCode::from(exit::OK),

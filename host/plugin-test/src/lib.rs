@@ -79,13 +79,30 @@ impl Load {
         let name =
             self.path.file_stem().map_or_else(|| "plugin".to_owned(), |s| s.to_string_lossy().into_owned());
         let plugin = runtime.load_file(&name, &self.path, self.options).map_err(|e| e.to_string())?;
-        let recorder = Recorder::new();
-        let runner = plugin.runner(Arc::new(recorder.clone()));
-        Ok(Harness { plugin, recorder, runner, started: HashMap::new(), _runtime: runtime })
+        Ok(Harness::new(plugin, runtime))
     }
 }
 
 impl Harness {
+    /// A harness around a plugin loaded already (with the runtime it was
+    /// loaded in): `pulse-host try` loads it as a host's config would.
+    pub fn new(plugin: Plugin, runtime: Runtime) -> Self {
+        let recorder = Recorder::new();
+        let runner = plugin.runner(Arc::new(recorder.clone()));
+        Harness { plugin, recorder, runner, started: HashMap::new(), _runtime: runtime }
+    }
+
+    /// Calls `observer` with each output as the plugin makes it (timer
+    /// callbacks' included), besides recording it.
+    pub fn observe(&self, observer: impl Fn(&Output) + Send + Sync + 'static) {
+        self.recorder.observe(observer);
+    }
+
+    /// Closes the plugin's instances (no call is made).
+    pub async fn close(self) {
+        self.runner.close().await;
+    }
+
     /// The component at `path`, with no settings and the default limits,
     /// in job isolation: add to it, then [`Load::build`].
     pub fn load(path: impl AsRef<Path>) -> Load {

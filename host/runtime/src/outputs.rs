@@ -168,6 +168,17 @@ pub struct Recorder {
 struct RecorderInner {
     state: Mutex<RecorderState>,
     changed: Notify,
+    observer: Mutex<Option<Observer>>,
+}
+
+/// What [`Recorder::observe`] calls with each output.
+#[derive(Clone)]
+struct Observer(Arc<dyn Fn(&Output) + Send + Sync>);
+
+impl std::fmt::Debug for Observer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Observer")
+    }
 }
 
 #[derive(Debug, Default)]
@@ -261,22 +272,40 @@ impl Recorder {
         }
     }
 
+    /// From now on, calls `observer` with each output as it is recorded
+    /// (outside the recorder's lock), after it is recorded: what `pulse-host
+    /// try` prints as it happens.
+    pub fn observe(&self, observer: impl Fn(&Output) + Send + Sync + 'static) {
+        *self.inner.observer.lock().unwrap_or_else(|poison| poison.into_inner()) =
+            Some(Observer(Arc::new(observer)));
+    }
+
     fn lock(&self) -> MutexGuard<'_, RecorderState> {
         // A panic while holding this lock is already a test failure.
         self.inner.state.lock().unwrap_or_else(|poison| poison.into_inner())
     }
 
-    fn record(&self, key: &str, output: Output) -> Result<(), HostRefusal> {
-        let mut state = self.lock();
-        if let Some(refusal) = state.refusals.get(key) {
-            return Err(refusal.clone());
+    /// Records `output` (refused first when told), then tells the
+    /// observer and the waiters.
+    fn push(&self, output: Output) {
+        let observer = self.inner.observer.lock().unwrap_or_else(|poison| poison.into_inner()).clone();
+        if let Some(Observer(observer)) = observer {
+            observer(&output);
         }
-        if let Output::SaveState { state: bytes, .. } = &output {
-            state.saved.insert(key.to_owned(), bytes.clone());
+        let mut state = self.lock();
+        if let Output::SaveState { key, state: bytes } = &output {
+            state.saved.insert(key.clone(), bytes.clone());
         }
         state.outputs.push(output);
         drop(state);
         self.inner.changed.notify_waiters();
+    }
+
+    fn record(&self, key: &str, output: Output) -> Result<(), HostRefusal> {
+        if let Some(refusal) = self.lock().refusals.get(key) {
+            return Err(refusal.clone());
+        }
+        self.push(output);
         Ok(())
     }
 }
@@ -307,11 +336,6 @@ impl JobOutputs for Recorder {
     }
 
     fn job_failed<'a>(&'a self, key: &'a str, error: &'a CallError) -> BoxFuture<'a, ()> {
-        Box::pin(async move {
-            let mut state = self.lock();
-            state.outputs.push(Output::Failed { key: key.to_owned(), error: error.clone() });
-            drop(state);
-            self.inner.changed.notify_waiters();
-        })
+        Box::pin(async move { self.push(Output::Failed { key: key.to_owned(), error: error.clone() }) })
     }
 }
