@@ -194,3 +194,136 @@ async fn the_status_page_shows_a_job_dispatched_through_the_api_until_it_is_stop
     browser.screenshot("status-page-after-stop.png").await;
     assert_eq!(api.host.terminate(), 0);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_status_page_filters_and_pages_jobs_and_acts_on_one_only_once_confirmed() {
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let token = "status-page-actions-token";
+    let config = write_config(
+        dir.path(),
+        &[("echo", ECHO, "workers = 2")],
+        &format!("[http]\nlisten = \"127.0.0.1:0\"\ntoken = \"{token}\"\n"),
+    );
+    let api = Served::start(&config, server.url(), Some(token)).await;
+    // More jobs than one page holds (100), and two under a prefix.
+    let mut keys: Vec<String> = (0..130).map(|i| format!("bulk-{i:03}")).collect();
+    keys.extend(["act-1".to_owned(), "act-2".to_owned()]);
+    let jobs: Vec<Value> = keys.iter().map(|key| json!({"key": key, "payload": "hi"})).collect();
+    let (status, answer) = api.post("/api/pools/echo/batch", json!({"jobs": jobs})).await;
+    assert_eq!(status, 200, "{answer}");
+    api.until("every job runs", "/api/pools", |_, pools| pools["pools"][0]["jobs"]["running"] == 132).await;
+
+    let mut browser = Browser::launch().await;
+    browser.call("Page.navigate", json!({"url": format!("{}/#token={token}", api.base)})).await;
+    let pool = r#"document.querySelector('[data-pool="echo"]')"#;
+    browser
+        .until(
+            "the first page of jobs is shown",
+            &format!("{pool}?.querySelectorAll('[data-job]').length >= 90"),
+        )
+        .await;
+
+    // Paging through shows every job once the last page is reached.
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..10 {
+        let page = browser
+            .eval(&format!("[...{pool}.querySelectorAll('[data-job]')].map(r => r.dataset.job)"))
+            .await;
+        seen.extend(page.as_array().unwrap().iter().map(|k| k.as_str().unwrap().to_owned()));
+        if browser.eval(&format!("{pool}.querySelector('[data-page=\"next\"]').disabled")).await
+            == Value::Bool(true)
+        {
+            break;
+        }
+        let label = browser.eval(&format!("{pool}.querySelector('.pager span').textContent")).await;
+        browser.eval(&format!("{pool}.querySelector('[data-page=\"next\"]').click()")).await;
+        browser
+            .until(
+                "the next page is shown",
+                &format!("{pool}.querySelector('.pager span').textContent !== {label}"),
+            )
+            .await;
+    }
+    assert_eq!(seen, keys.iter().cloned().collect(), "paging through shows every job");
+
+    // The prefix filter narrows the listing to the two jobs.
+    browser
+        .eval(&format!(
+            "{pool}.querySelector('[data-filter=\"prefix\"]').value = 'act-'; {pool}.querySelector('[data-filter=\"apply\"]').click()"
+        ))
+        .await;
+    browser
+        .until(
+            "only the two act- jobs are listed",
+            &format!(
+                "[...{pool}.querySelectorAll('[data-job]')].map(r => r.dataset.job).join() === 'act-1,act-2'"
+            ),
+        )
+        .await;
+
+    // A job's page: its record and its node.
+    browser.eval(&format!("{pool}.querySelector('[data-job=\"act-1\"]').click()")).await;
+    let pid = api.host.child.id();
+    browser
+        .until(
+            "act-1's page shows it running on this host's process",
+            &format!(
+                "{pool}.querySelector('[data-job-state]')?.dataset.jobState === 'running' && {pool}.querySelector('[data-job-panel]').innerText.includes('pid {pid}')"
+            ),
+        )
+        .await;
+
+    // Retry and forget are for failed jobs only.
+    for action in ["retry", "forget"] {
+        let disabled =
+            browser.eval(&format!("{pool}.querySelector('[data-action=\"{action}\"]').disabled")).await;
+        assert_eq!(disabled, Value::Bool(true), "{action} on a running job");
+    }
+    // An action asks first; cancelled, nothing is sent.
+    browser.eval(&format!("{pool}.querySelector('[data-action=\"stop\"]').click()")).await;
+    assert_eq!(browser.eval(&format!("{pool}.querySelector('.confirm').hidden")).await, Value::Bool(false));
+    browser.eval(&format!("{pool}.querySelector('[data-confirm=\"no\"]').click()")).await;
+    assert_eq!(browser.eval(&format!("{pool}.querySelector('.confirm').hidden")).await, Value::Bool(true));
+    assert_eq!(api.get("/api/pools/echo/jobs/act-1").await.0, 200, "a cancelled stop sends nothing");
+
+    // Notify, confirmed: the plugin gets it and emits it.
+    browser
+        .eval(&format!(
+            "{pool}.querySelector('[data-action-payload]').value = 'hello from the page'; {pool}.querySelector('[data-action=\"notify\"]').click()"
+        ))
+        .await;
+    browser.eval(&format!("{pool}.querySelector('[data-confirm=\"yes\"]').click()")).await;
+    api.until(
+        "the plugin emitted the page's notification",
+        "/api/pools/echo/events?limit=50",
+        |_, events| {
+            events["events"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|e| e["key"] == "act-1" && e["payload"] == "hello from the page")
+        },
+    )
+    .await;
+    browser
+        .until(
+            "the job's page lists the event",
+            &format!("{pool}.querySelector('[data-job-panel]').innerText.includes('hello from the page')"),
+        )
+        .await;
+    browser.screenshot("status-page-job.png").await;
+
+    // Stop, confirmed: the job is gone, the other one stays.
+    browser.eval(&format!("{pool}.querySelector('[data-action=\"stop\"]').click()")).await;
+    browser.eval(&format!("{pool}.querySelector('[data-confirm=\"yes\"]').click()")).await;
+    api.until("act-1 is stopped", "/api/pools/echo/jobs/act-1", |status, _| status == 404).await;
+    browser
+        .until(
+            "the page says so",
+            &format!("{pool}.querySelector('[data-job-state]')?.dataset.jobState === 'gone' && {pool}.querySelector('[data-action-message]').textContent.includes('stopped')"),
+        )
+        .await;
+    assert_eq!(api.get("/api/pools/echo/jobs/act-2").await.0, 200, "the stop left act-2 alone");
+    assert_eq!(api.host.terminate(), 0);
+}
