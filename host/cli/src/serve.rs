@@ -280,7 +280,7 @@ impl<'a> Host<'a> {
             served.add_worker().await?;
         }
         if let Some(api) = self.api {
-            api.add_pool(node.clone(), true)
+            api.add_pool(node.clone(), Some(&served.config.name))
                 .await
                 .with_context(|| format!("failed to serve pool {:?} over HTTP", node.pool()))?;
         }
@@ -305,7 +305,7 @@ impl<'a> Host<'a> {
                 );
                 self.clients.push(node.clone());
                 if let Some(api) = self.api {
-                    api.add_pool(node.clone(), false)
+                    api.add_pool(node.clone(), None)
                         .await
                         .with_context(|| format!("failed to serve pool {:?} over HTTP", node.pool()))?;
                 }

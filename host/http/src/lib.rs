@@ -27,6 +27,7 @@ mod jobs;
 pub mod metrics;
 mod page;
 mod pools;
+mod series;
 mod serve;
 
 pub use guard::AllowedHosts;
@@ -94,6 +95,8 @@ struct Inner {
     max_body: usize,
     metrics: Option<PrometheusHandle>,
     hosts: AllowedHosts,
+    /// What the status page charts (`series`).
+    series: RwLock<series::Series>,
 }
 
 /// A pool the API answers for.
@@ -101,9 +104,9 @@ struct Inner {
 struct Pool {
     node: Arc<Node>,
     events: pulse_pool::EmittedEvents,
-    /// Whether this host runs workers of it (otherwise it only dispatches
-    /// into it, for a schedule).
-    workers_here: bool,
+    /// The plugin whose workers this host runs in it; none when it only
+    /// dispatches into it (for a schedule).
+    plugin: Option<String>,
 }
 
 const STARTING: u8 = 0;
@@ -121,21 +124,22 @@ impl Api {
                 max_body: options.max_body.max(1),
                 metrics: options.metrics,
                 hosts: options.hosts,
+                series: RwLock::default(),
             }),
         }
     }
 
-    /// Answers for `node`'s pool from now on; `workers_here` tells whether
-    /// this host runs its workers.
+    /// Answers for `node`'s pool from now on; `plugin` names the plugin
+    /// whose workers this host runs in it (none: it only dispatches).
     ///
     /// # Errors
     /// Redis failures opening what the pool's jobs emitted.
     ///
     /// # Cancel safety
     /// Cancel safe: nothing is registered until it returns.
-    pub async fn add_pool(&self, node: Arc<Node>, workers_here: bool) -> Result<(), pulse_pool::Error> {
+    pub async fn add_pool(&self, node: Arc<Node>, plugin: Option<&str>) -> Result<(), pulse_pool::Error> {
         let events = node.emitted().await?;
-        let pool = Pool { node: node.clone(), events, workers_here };
+        let pool = Pool { node: node.clone(), events, plugin: plugin.map(str::to_owned) };
         write(&self.inner.pools).insert(node.pool().to_owned(), pool);
         Ok(())
     }
@@ -217,6 +221,7 @@ pub fn routes() -> Vec<Route> {
         route("GET", "/api/pools", get(pools::list)),
         route("GET", "/api/pools/{pool}/workers", get(pools::workers)),
         route("GET", "/api/pools/{pool}/events", get(pools::events)),
+        route("GET", "/api/pools/{pool}/series", get(series::get)),
         route("GET", "/api/pools/{pool}/jobs", get(jobs::list)),
         route("POST", "/api/pools/{pool}/jobs", post(jobs::dispatch)),
         route("POST", "/api/pools/{pool}/batch", post(jobs::batch)),

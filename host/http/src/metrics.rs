@@ -98,6 +98,7 @@ const METRICS: &[(&str, Kind, Option<metrics::Unit>, &str)] = {
             "Emitted events not written: their job had moved, or Redis refused",
         ),
         ("pulse_plugin_calls_total", Counter, None, "Guest calls by plugin, call and outcome"),
+        ("pulse_plugin_call_seconds", Histogram, Some(Seconds), "Time of a guest call, whatever its outcome"),
         (
             "pulse_plugin_instantiate_seconds",
             Histogram,

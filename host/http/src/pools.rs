@@ -23,7 +23,7 @@ pub(crate) async fn list(State(api): State<Api>) -> Result<Json<Value>, ApiError
         pools.push(json!({
             "name": name,
             "node": pool.node.id(),
-            "workers_here": pool.workers_here,
+            "workers_here": pool.plugin.is_some(),
             "slot_groups": pool.node.slot_groups(),
             "nodes": nodes.len(),
             "workers": nodes.iter().map(|n| n.workers.len()).sum::<usize>(),

@@ -87,6 +87,8 @@ pub async fn serve(
     shutdown: CancellationToken,
     options: ServeOptions,
 ) -> std::io::Result<()> {
+    // What the status page charts is sampled while the API is served.
+    let sampler = tokio::spawn(crate::series::sample(api.clone(), shutdown.clone()));
     let router = router(api);
     let slots = Arc::new(Semaphore::new(options.max_connections.max(1)));
     let connections = TaskTracker::new();
@@ -125,6 +127,7 @@ pub async fn serve(
             }
         });
     }
+    sampler.abort();
     connections.close();
     connections.wait().await;
     Ok(())

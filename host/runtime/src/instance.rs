@@ -217,6 +217,7 @@ impl Instance {
         // Dropping the call future at the timeout, or once its job is lost,
         // abandons the guest mid-call; the instance is then poisoned and
         // dropped (see `poisons_instance`).
+        let began = std::time::Instant::now();
         let result = match bounded(outcome.instrument(span), limits.call_timeout, &*outputs, call.key()).await
         {
             Err(cut) => Err(cut),
@@ -224,7 +225,7 @@ impl Instance {
             Ok(Ok(Err(guest))) => Err(CallError::Guest(from_wit(guest))),
             Ok(Ok(Ok(()))) => Ok(()),
         };
-        self.metrics.call(call.name(), &result);
+        self.metrics.call(call.name(), &result, began.elapsed());
         result
     }
 }

@@ -8,6 +8,8 @@
 //! - `pulse_plugin_calls_total{call, outcome}`: `call` is `start`, `stop`,
 //!   `notify` or `on-timer` for a handler, `plan` for a producer; `outcome`
 //!   one of [`OUTCOMES`].
+//! - `pulse_plugin_call_seconds`: a histogram of guest calls (those
+//!   counted in `pulse_plugin_calls_total`), whatever their outcome.
 //! - `pulse_plugin_instantiate_seconds`: a histogram.
 //! - `pulse_plugin_memory_bytes`: linear memory of the live instances.
 //! - `pulse_plugin_instances`: live instances.
@@ -39,6 +41,7 @@ pub(crate) struct PluginMetrics {
     names: &'static [&'static str],
     /// `[call][outcome]`, calls in the order of `names`.
     calls: Vec<[Counter; OUTCOMES.len()]>,
+    call_seconds: Histogram,
     instantiate: Histogram,
     pub(crate) memory: Gauge,
     pub(crate) instances: Gauge,
@@ -77,6 +80,7 @@ impl PluginMetrics {
         Self {
             names,
             calls,
+            call_seconds: metrics::histogram!("pulse_plugin_call_seconds", "plugin" => plugin.to_owned()),
             instantiate: metrics::histogram!("pulse_plugin_instantiate_seconds", "plugin" => plugin.to_owned()),
             memory: metrics::gauge!("pulse_plugin_memory_bytes", "plugin" => plugin.to_owned()),
             instances: metrics::gauge!("pulse_plugin_instances", "plugin" => plugin.to_owned()),
@@ -88,9 +92,10 @@ impl PluginMetrics {
     }
 
     /// Counts one guest call `call` (one of the plugin's calls) that ended with
-    /// `result`. Calls the host refused before reaching the guest (fenced,
-    /// not running, instantiation) are not guest calls and not counted.
-    pub(crate) fn call<T>(&self, call: &str, result: &Result<T, CallError>) {
+    /// `result` after `took`. Calls the host refused before reaching the
+    /// guest (fenced, not running, instantiation) are not guest calls and
+    /// not counted.
+    pub(crate) fn call<T>(&self, call: &str, result: &Result<T, CallError>, took: std::time::Duration) {
         let outcome = match result {
             Ok(_) => 0,
             Err(CallError::Guest(_)) => 1,
@@ -104,6 +109,7 @@ impl PluginMetrics {
         if let Some(counters) = self.names.iter().position(|c| *c == call).and_then(|i| self.calls.get(i)) {
             counters[outcome].increment(1);
         }
+        self.call_seconds.record(took.as_secs_f64());
     }
 
     /// Counts an outgoing request to `host` answered with `status` (`None`:

@@ -144,6 +144,7 @@ impl Producer {
             inner.metrics.instantiated(started.elapsed());
             bindings.pulse_job_producer().call_plan(&mut store).await.map_err(|e| classify(e, &inner.limits))
         };
+        let began = std::time::Instant::now();
         let answer = match tokio::time::timeout(inner.limits.call_timeout, call.instrument(span)).await {
             Err(_elapsed) => Err(CallError::Timeout(inner.limits.call_timeout)),
             Ok(Err(error)) => Err(error),
@@ -157,7 +158,7 @@ impl Producer {
                 stop_all: plan.stop_all,
             })),
         };
-        inner.metrics.call("plan", &answer);
+        inner.metrics.call("plan", &answer, began.elapsed());
         answer
     }
 }

@@ -224,6 +224,40 @@ async fn the_status_page_filters_and_pages_jobs_and_acts_on_one_only_once_confir
         )
         .await;
 
+    // The charts: the host's rates saw the dispatches and starts, the
+    // pool's jobs reach 132, and they go on drawing a point a second.
+    // A point holds one second's count: summed, they are every dispatch.
+    let sum = |series: &Value, field: &str| {
+        series["points"].as_array().unwrap().iter().map(|p| p[field].as_f64().unwrap()).sum::<f64>()
+    };
+    api.until("the series counted the dispatches and starts", "/api/pools/echo/series", |_, series| {
+        sum(series, "dispatches") >= 132.0 && sum(series, "starts") >= 132.0
+    })
+    .await;
+    browser
+        .until(
+            "the jobs chart shows 132 running",
+            &format!("{pool}.querySelector('[data-chart=\"jobs\"]')?.dataset.last.startsWith('132,')"),
+        )
+        .await;
+    for chart in ["rates", "latency", "per-worker"] {
+        let points =
+            browser.eval(&format!("+{pool}.querySelector('[data-chart=\"{chart}\"]').dataset.points")).await;
+        assert!(points.as_f64().unwrap() >= 1.0, "{chart}: {points}");
+    }
+    let drawn =
+        browser.eval(&format!("+{pool}.querySelector('[data-chart=\"rates\"]').dataset.points")).await;
+    browser
+        .until(
+            "the charts draw a new point",
+            &format!("+{pool}.querySelector('[data-chart=\"rates\"]').dataset.points > {drawn}"),
+        )
+        .await;
+    let starts_drawn = browser
+        .eval(&format!("{pool}.querySelector('[data-chart=\"rates\"] polyline[data-series=\"starts\"]').getAttribute('points').length"))
+        .await;
+    assert!(starts_drawn.as_u64().unwrap() > 0, "the starts line is drawn");
+
     // Paging through shows every job once the last page is reached.
     let mut seen = std::collections::BTreeSet::new();
     for _ in 0..10 {
