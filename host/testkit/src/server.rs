@@ -117,7 +117,13 @@ impl RedisServer {
         Self::build(listen, persistent, Vec::new(), None)
     }
 
-    fn build(listen: Listen, persistent: bool, extra: Vec<String>, sentinel: Option<&str>) -> Self {
+    fn build(listen: Listen, persistent: bool, mut extra: Vec<String>, sentinel: Option<&str>) -> Self {
+        // A cluster node's bus listens on port + 10000 unless told: that
+        // port may be taken (an ephemeral port of any connection), so the
+        // bus gets a free port of its own, kept across restarts.
+        if extra.iter().any(|arg| arg == "--cluster-enabled") {
+            extra.extend(["--cluster-port".to_owned(), free_port().to_string()]);
+        }
         let dir = tempfile::Builder::new()
             .prefix("pulse-redis-")
             .tempdir()
