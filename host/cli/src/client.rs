@@ -102,10 +102,7 @@ pub async fn list_jobs(
 ) -> anyhow::Result<(u8, String)> {
     let state = match state {
         None => None,
-        Some(text) => Some(JobState::parse(text).with_context(|| {
-            let allowed: Vec<&str> = JobState::ALL.iter().map(|state| state.as_str()).collect();
-            format!("--state {text:?}: allowed are {}", allowed.join(", "))
-        })?),
+        Some(text) => Some(JobState::parse_filter(text).map_err(|why| anyhow::anyhow!("--state {why}"))?),
     };
     if let Some(limit) = limit
         && !(1..=pulse_pool::MAX_PAGE).contains(&limit)

@@ -129,10 +129,9 @@ pub(crate) async fn list(
     }
     let state = match query.state.as_deref() {
         None => None,
-        Some(text) => Some(JobState::parse(text).ok_or_else(|| {
-            let allowed: Vec<&str> = JobState::ALL.iter().map(|state| state.as_str()).collect();
-            ApiError::bad_request(format!("`state` = {text:?}: allowed are {}", allowed.join(", ")))
-        })?),
+        Some(text) => Some(
+            JobState::parse_filter(text).map_err(|why| ApiError::bad_request(format!("`state` = {why}")))?,
+        ),
     };
     let cursor: u64 = match query.cursor.as_deref() {
         None => 0,

@@ -177,6 +177,16 @@ impl JobState {
     pub fn parse(text: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|state| state.as_str() == text)
     }
+
+    /// [`JobState::parse`], or what a listing's filter says of `text`:
+    /// `"…": allowed are starting, running, …` (the caller names the
+    /// option before it).
+    pub fn parse_filter(text: &str) -> Result<Self, String> {
+        Self::parse(text).ok_or_else(|| {
+            let allowed: Vec<&str> = Self::ALL.iter().map(|state| state.as_str()).collect();
+            format!("{text:?}: allowed are {}", allowed.join(", "))
+        })
+    }
 }
 
 impl std::fmt::Display for JobState {
