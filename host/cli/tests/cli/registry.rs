@@ -172,6 +172,11 @@ fn each_way_a_pull_fails_is_named_and_leaves_nothing_in_the_cache() {
     let (code, out, err) = run(dir, &["--config", "config.toml", "check"], &[]);
     assert_eq!(code, 0, "{out}{err}");
 
+    // A push without a tag is reachable by its digest alone.
+    let bare = push(dir, ECHO, &registry.reference("bare"), &[]);
+    config(dir, &bare, "");
+    assert_eq!(run(dir, &["--config", "config.toml", "check"], &[]).0, 0, "{bare}");
+
     // What push refuses: a file that is not a component, a digest as
     // its destination.
     std::fs::write(dir.join("module.wasm"), wat::parse_str("(module)").unwrap()).unwrap();
