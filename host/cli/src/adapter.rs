@@ -10,6 +10,7 @@ use pulse_pool::{ContextError, HandlerError, JobContext, JobHandler, JobProducer
 use pulse_runtime::{
     BoxFuture, CallError, Fence, HostRefusal, JobError, JobOutputs, JobRunner, PlanAnswer, Plugin, Producer,
 };
+use tracing::Instrument as _;
 
 use crate::gate::Record;
 
@@ -35,14 +36,34 @@ pub struct WasmHandler {
     runner: JobRunner,
     contexts: Contexts,
     record: Arc<Record>,
+    /// The plugin's name and release, for trace spans.
+    plugin: Arc<str>,
+    release: Arc<pulse_pool::Release>,
 }
 
 impl WasmHandler {
-    pub(crate) fn new(plugin: &Plugin, record: Arc<Record>) -> Self {
+    pub(crate) fn new(plugin: &Plugin, release: &pulse_pool::Release, record: Arc<Record>) -> Self {
         let contexts = Contexts::default();
         let outputs = PoolOutputs { contexts: contexts.clone(), record: record.clone() };
         let runner = plugin.runner(Arc::new(outputs));
-        Self { runner, contexts, record }
+        Self { runner, contexts, record, plugin: plugin.name().into(), release: Arc::new(release.clone()) }
+    }
+
+    /// The trace span of a guest call (`plugin.start`, `plugin.notify`):
+    /// the requests the guest sends are its children. Disabled unless
+    /// traces are exported.
+    fn trace_span(&self, name: &'static str, key: &str) -> tracing::Span {
+        tracing::trace_span!(
+            target: pulse_telemetry::TARGET,
+            "pulse",
+            otel.name = name,
+            otel.status_code = tracing::field::Empty,
+            pulse.job.key = key,
+            pulse.plugin = %self.plugin,
+            pulse.release = %self.release.digest,
+            pulse.release.version = %self.release.version,
+            "error.message" = tracing::field::Empty,
+        )
     }
 
     /// What a call that ended job `key` with `error` answers the pool:
@@ -69,7 +90,10 @@ impl JobHandler for WasmHandler {
             attempt: job.attempt,
             state: job.state,
         };
-        let Err(error) = self.runner.start(job).await else { return Ok(()) };
+        let span = self.trace_span("plugin.start", &key);
+        let started = self.runner.start(job).instrument(span.clone()).await;
+        traced_error(&span, &started);
+        let Err(error) = started else { return Ok(()) };
         let ctx = self.contexts.lock().remove(&key);
         match handler_error(error) {
             // A job with saved state refused: the release cannot read it.
@@ -95,7 +119,10 @@ impl JobHandler for WasmHandler {
                 "the plugin's new release failed the job on trial: {reason}"
             )));
         }
-        let Err(error) = self.runner.notify(key, payload).await else { return Ok(()) };
+        let span = self.trace_span("plugin.notify", key);
+        let notified = self.runner.notify(key, payload).instrument(span.clone()).await;
+        traced_error(&span, &notified);
+        let Err(error) = notified else { return Ok(()) };
         if !error.ends_job() {
             return Err(handler_error(error));
         }
@@ -114,6 +141,15 @@ impl JobHandler for WasmHandler {
 
     async fn saved_state(&self, key: &str) -> Option<Vec<u8>> {
         self.runner.saved_state(key).await
+    }
+}
+
+/// Records a guest call's error on its trace span.
+fn traced_error(span: &tracing::Span, result: &Result<(), CallError>) {
+    if let Err(error) = result
+        && !span.is_disabled()
+    {
+        span.record("otel.status_code", "ERROR").record("error.message", error.to_string());
     }
 }
 

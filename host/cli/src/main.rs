@@ -286,7 +286,9 @@ fn main() -> ExitCode {
     } else {
         "warn"
     };
-    init_logs(cli.log_format, default_level);
+    if matches!(cli.command, Command::Try { .. } | Command::New { .. }) {
+        init_logs(cli.log_format, default_level, None);
+    }
     if let Command::Try { plugin, script, settings, allow_outbound } = &cli.command {
         return try_plugin(plugin, script, settings, allow_outbound);
     }
@@ -309,6 +311,44 @@ fn main() -> ExitCode {
             return ExitCode::from(exit::ERROR);
         }
     };
+    let telemetry = start_telemetry(&cli, &runtime);
+    init_logs(cli.log_format, default_level, telemetry.as_ref());
+    let code = serve_command(cli, &runtime);
+    if let Some(telemetry) = telemetry {
+        runtime.block_on(telemetry.shutdown());
+    }
+    code
+}
+
+/// Traces, when config.toml has `[telemetry]` and the command talks to
+/// a pool. A configuration that cannot be read starts none: the command
+/// itself says what is wrong with it.
+fn start_telemetry(cli: &Cli, runtime: &tokio::runtime::Runtime) -> Option<pulse_telemetry::Telemetry> {
+    if matches!(
+        cli.command,
+        Command::Check | Command::Push { .. } | Command::Sign { .. } | Command::Keygen { .. }
+    ) {
+        return None;
+    }
+    let config = pulse_host::defaults::load_config(&cli.config).ok()?.telemetry?;
+    let settings = pulse_telemetry::Settings {
+        otlp_endpoint: config.otlp_endpoint,
+        service_name: config.service_name,
+        service_version: env!("CARGO_PKG_VERSION").to_owned(),
+        sample_ratio: config.sample_ratio,
+    };
+    let _entered = runtime.enter();
+    match pulse_telemetry::Telemetry::start(&settings) {
+        Ok(telemetry) => Some(telemetry),
+        Err(error) => {
+            eprintln!("pulse-host: {error}; going on without traces");
+            None
+        }
+    }
+}
+
+/// Runs a command of the multi-threaded runtime.
+fn serve_command(cli: Cli, runtime: &tokio::runtime::Runtime) -> ExitCode {
     let registry = match &cli.command {
         Command::Push { file, reference, version } => {
             Some(runtime.block_on(pulse_host::registry::push(file, reference, version.as_deref())))
@@ -365,16 +405,22 @@ fn try_plugin(plugin: &Path, script: &Path, settings: &[String], allow_outbound:
     }
 }
 
-fn init_logs(format: LogFormat, default_level: &str) {
+fn init_logs(format: LogFormat, default_level: &str, telemetry: Option<&pulse_telemetry::Telemetry>) {
+    use tracing_subscriber::prelude::*;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
     let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder =
-        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(terminal);
-    match format {
-        LogFormat::Human => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
+    let output = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(terminal);
+    // Each layer has its own filter: the logs' level does not decide
+    // which trace spans are exported, nor the reverse.
+    let output = match format {
+        LogFormat::Human => output.boxed(),
+        LogFormat::Json => output.json().boxed(),
+    };
+    tracing_subscriber::registry()
+        .with(telemetry.map(pulse_telemetry::Telemetry::layer))
+        .with(output.with_filter(filter))
+        .init();
 }
 
 async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {

@@ -357,7 +357,7 @@ impl Served {
         options: &WorkerOptions,
         record: Arc<Record>,
     ) -> anyhow::Result<Arc<Record>> {
-        let handler = WasmHandler::new(plugin, record.clone());
+        let handler = WasmHandler::new(plugin, &options.release, record.clone());
         let heir = self.node.replace_worker(&self.workers[at].id, handler, options.clone()).await?;
         let old = std::mem::replace(&mut self.workers[at], ServedWorker { id: heir, record });
         tracing::info!(pool = %self.config.pool, worker = %self.workers[at].id, replaced = %old.id, release = %options.release, "worker replaced");
@@ -368,7 +368,7 @@ impl Served {
     pub(crate) async fn add_worker(&mut self) -> anyhow::Result<()> {
         let options = worker_options(&self.config, &self.loaded.release);
         let record = Arc::new(Record::default());
-        let handler = WasmHandler::new(&self.loaded.plugin, record.clone());
+        let handler = WasmHandler::new(&self.loaded.plugin, &self.loaded.release, record.clone());
         let id = self.node.add_worker_with(handler, options).await?;
         tracing::info!(pool = %self.config.pool, plugin = %self.config.name, worker = %id, release = %self.loaded.release, "worker added");
         self.workers.push(ServedWorker { id, record });

@@ -38,6 +38,23 @@ pub struct Config {
     /// `[http]`: the HTTP API, metrics and status page; none when the
     /// section is absent (nothing is served).
     pub http: Option<HttpConfig>,
+    /// `[telemetry]`: where the host sends its traces; none when the
+    /// section is absent (no span is made).
+    pub telemetry: Option<TelemetryConfig>,
+}
+
+/// `[telemetry]`: OpenTelemetry traces, sent over OTLP/HTTP (protobuf).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TelemetryConfig {
+    /// `otlp_endpoint`: the collector's base address (`http://host:4318`);
+    /// spans go to `<otlp_endpoint>/v1/traces`. No trailing `/`.
+    pub otlp_endpoint: String,
+    /// `service_name` (default `pulse-host`): the `service.name` of every
+    /// span.
+    pub service_name: String,
+    /// `sample_ratio` (default 1.0): the share of traces begun here that
+    /// are kept; a trace begun elsewhere follows its caller's choice.
+    pub sample_ratio: f64,
 }
 
 /// The value each key takes when config.toml leaves it out. Each is

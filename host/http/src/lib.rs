@@ -29,6 +29,7 @@ mod page;
 mod pools;
 mod series;
 mod serve;
+mod trace;
 
 pub use guard::AllowedHosts;
 pub use serve::{ServeOptions, serve, tls_config};
@@ -238,13 +239,17 @@ pub fn routes() -> Vec<Route> {
 /// else.
 pub fn router(api: Api) -> Router {
     let mut router = Router::new();
-    for Route { path, open, handler, .. } in routes() {
+    for Route { method, path, open, handler } in routes() {
         // The check runs whether or not a token is set now: a reload of
         // the configuration may set one.
         let handler = if open {
             handler
         } else {
-            handler.route_layer(axum::middleware::from_fn_with_state(api.clone(), auth::require_token))
+            handler
+                .route_layer(axum::middleware::from_fn_with_state(api.clone(), auth::require_token))
+                .route_layer(axum::middleware::from_fn(move |request, next| {
+                    trace::serve(method, path, request, next)
+                }))
         };
         router = router.route(path, handler);
     }

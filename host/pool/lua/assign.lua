@@ -24,10 +24,11 @@ end
 local token = string.format('%d', take_tokens(KEYS[4], 1))
 -- `reply` and `request`: a dispatcher still waiting for the start, when
 -- the job's first worker was evicted before it started it.
-local r = redis.call('HMGET', record, 'payload', 'created', 'attempt', 'state', 'requeued', 'reply', 'request')
+-- `trace`: the traceparent of the dispatch, when it was traced.
+local r = redis.call('HMGET', record, 'payload', 'created', 'attempt', 'state', 'requeued', 'reply', 'request', 'trace')
 local has_state = r[4] and '1' or '0'
 local start = ns(key) .. ns(token) .. ns('0') .. ns(r[6] or '') .. ns(r[7] or '') .. ns(r[3] or '1')
-  .. ns(r[5] or '0') .. ns(r[2] or '') .. ns(r[1] or '') .. ns(has_state) .. ns(r[4] or '')
+  .. ns(r[5] or '0') .. ns(r[2] or '') .. ns(r[1] or '') .. ns(has_state) .. ns(r[4] or '') .. ns(r[8] or '')
 redis.call('XADD', KEYS[6], '*', 'n', 'start', 'p', start)
 if r[6] then redis.call('HDEL', record, 'reply', 'request') end
 local seq = job.seq

@@ -1,4 +1,4 @@
--- dispatch(rev, worker, reply, max_jobs, n, key1, payload1, request1, …)
+-- dispatch(rev, worker, reply, max_jobs, n, trace, key1, payload1, request1, …)
 --   -> {answer1, …, answerN}, each {'sent', token} | {'queued'} |
 --      {'exists', state} | {'full'}; or {{'stale', rev}}: none was dispatched
 --
@@ -7,8 +7,9 @@
 -- KEYS[6 + i] job i's record
 -- ARGV[1] slot table revision the caller routed with  ARGV[2] worker every
 -- job routes to ('' when there are no slots: queue)  ARGV[3] reply stream
--- ARGV[4] max jobs in the pool (0: no limit)  ARGV[5] n  then each job's
--- key, payload and request id
+-- ARGV[4] max jobs in the pool (0: no limit)  ARGV[5] n  ARGV[6] the
+-- dispatcher's W3C traceparent ('' when it does not trace)  then each
+-- job's key, payload and request id
 --
 -- Why a script: for each job, the checks (membership unchanged, key free,
 -- room in the pool), the token, the ownership, the record and the start
@@ -22,7 +23,7 @@ local jobs = KEYS[1]
 local rev = redis.call('HGET', KEYS[2], '=rev') or '0'
 if rev ~= ARGV[1] then return {{'stale', rev}} end
 local worker, reply = ARGV[2], ARGV[3]
-local max_jobs, n = tonumber(ARGV[4]), tonumber(ARGV[5])
+local max_jobs, n, trace = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
 local state = worker == '' and 'queued' or 'running'
 -- The jobs' tokens at once, in job order (a job not claimed leaves its
 -- token unused: tokens only have to grow), and their keys added to the
@@ -30,14 +31,24 @@ local state = worker == '' and 'queued' or 'running'
 local first = take_tokens(KEYS[3], n) - n
 -- What every job's start event shares, made once: its fields but key,
 -- token, request and payload (seq 0, reply stream | attempt 1, not
--- requeued, created at the event's time | no state). Numbers become text
--- with '%d': `tostring` prints a double.
+-- requeued, created at the event's time | no state, the dispatch's trace).
+-- Numbers become text with '%d': `tostring` prints a double.
 local after_token = ns('0') .. ns(reply)
 local after_request = ns('1') .. ns('0') .. ns('')
-local after_payload = ns('0') .. ns('')
+local after_payload = ns('0') .. ns('') .. ns(trace)
+-- A traced job keeps its dispatch's traceparent in its record: a later
+-- start (after a move or a wait in the queue) continues that trace, and
+-- notifications link to it. An untraced one writes nothing more.
+local function keep(record, ...)
+  if trace == '' then
+    redis.call('HSET', record, ...)
+  else
+    redis.call('HSET', record, 'trace', trace, ...)
+  end
+end
 local answers, claimed = {}, {}
 for i = 1, n do
-  local key, payload, request = ARGV[3 + 3 * i], ARGV[4 + 3 * i], ARGV[5 + 3 * i]
+  local key, payload, request = ARGV[4 + 3 * i], ARGV[5 + 3 * i], ARGV[6 + 3 * i]
   local record = KEYS[6 + i]
   local token = string.format('%d', first + i)
   if redis.call('HSETNX', jobs, key, ownership(state, worker, token, 0)) == 0 then
@@ -46,19 +57,19 @@ for i = 1, n do
     redis.call('HDEL', jobs, key)
     answers[i] = {'full'}
   elseif worker == '' then
-    redis.call('HSET', record, 'payload', payload, 'created', now_ms(), 'attempt', '1')
+    keep(record, 'payload', payload, 'created', now_ms(), 'attempt', '1')
     claimed[#claimed + 1] = key
     answers[i] = {'queued'}
   else
     -- The start event: key, token, seq, reply stream, request, attempt,
     -- requeued, created ('' = the event's own time), payload, has state,
-    -- state.
+    -- state, trace.
     -- (One concatenation: each `..` of a separate `ns` would make a string.)
     local event = ns_head(#key) .. key .. ',' .. ns_head(#token) .. token .. ',' .. after_token
       .. ns_head(#request) .. request .. ',' .. after_request .. ns_head(#payload) .. payload .. ','
       .. after_payload
     local id = redis.call('XADD', KEYS[5], '*', 'n', 'start', 'p', event)
-    redis.call('HSET', record, 'payload', payload, 'created', string.match(id, '^(%d+)'), 'attempt', '1')
+    keep(record, 'payload', payload, 'created', string.match(id, '^(%d+)'), 'attempt', '1')
     claimed[#claimed + 1] = key
     answers[i] = {'sent', token}
   end

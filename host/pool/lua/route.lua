@@ -1,4 +1,4 @@
--- route(kind, key, worker, reply, request, payload)
+-- route(kind, key, worker, reply, request, payload, trace)
 --   -> {'sent'} | {'held'} | {'stopped'} | {'missing'} | {'failed', reason} | {'owner', worker}
 --
 -- KEYS[1] jobs hash   KEYS[2] the job's record   KEYS[3] the job's held events
@@ -6,6 +6,7 @@
 -- KEYS[5] queued set
 -- ARGV[1] `stop` or `notify`  ARGV[2] key  ARGV[3] the expected owner
 -- ARGV[4] reply stream  ARGV[5] request id  ARGV[6] payload (notify)
+-- ARGV[7] the sender's W3C traceparent ('' when it does not trace)
 --
 -- A job that is `moving` (its worker is handing it back) or `queued` has
 -- its events held.
@@ -43,7 +44,12 @@ end
 if job.worker ~= ARGV[3] then return {'owner', job.worker} end
 local seq = job.seq + 1
 local p = ns(key) .. ns(job.token) .. ns(tostring(seq)) .. ns(ARGV[4]) .. ns(ARGV[5])
-if kind == 'notify' then p = p .. ns(ARGV[6]) end
+if kind == 'notify' then
+  p = p .. ns(ARGV[6])
+  -- A traced notification carries its sender's trace and the one that
+  -- started the job, which its span links to (read only when traced).
+  if ARGV[7] ~= '' then p = p .. ns(ARGV[7]) .. ns(redis.call('HGET', record, 'trace') or '') end
+end
 redis.call('XADD', KEYS[4], '*', 'n', kind, 'p', p)
 redis.call('HSET', jobs, key, ownership(job.state, job.worker, job.token, seq))
 return {'sent'}

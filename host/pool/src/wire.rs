@@ -14,6 +14,12 @@ pub(crate) struct InboxEvent {
     /// Where to answer (empty: nobody waits).
     pub(crate) reply: String,
     pub(crate) request: String,
+    /// The W3C `traceparent` of the span that sent it (a dispatch or a
+    /// notification), when its sender traced it; empty otherwise.
+    pub(crate) trace: String,
+    /// A notification's: the `traceparent` of the dispatch that started
+    /// the job, when both were traced; empty otherwise.
+    pub(crate) started_by: String,
 }
 
 /// What an inbox event asks.
@@ -34,11 +40,20 @@ pub(crate) enum Kind {
 }
 
 impl InboxEvent {
-    /// Decodes an inbox entry's name and payload.
+    /// Decodes an inbox entry's name and payload. Fields after the ones
+    /// it knows are ignored, and the trace fields may be absent (entries
+    /// of earlier versions end before them).
     pub(crate) fn decode(name: &str, payload: &[u8]) -> Option<Self> {
         let f = fields(payload)?;
         let text = |i: usize| -> Option<String> { String::from_utf8(f.get(i)?.to_vec()).ok() };
         let number = |i: usize| -> Option<u64> { text(i)?.parse().ok() };
+        let optional =
+            |i: usize| f.get(i).and_then(|field| std::str::from_utf8(field).ok()).unwrap_or_default();
+        let (trace, started_by) = match name {
+            "start" => (optional(11), ""),
+            "notify" => (optional(6), optional(7)),
+            _ => ("", ""),
+        };
         let kind = match name {
             "start" => Kind::Start {
                 attempt: u32::try_from(number(5)?).ok()?,
@@ -58,6 +73,8 @@ impl InboxEvent {
             seq: number(2)?,
             reply: text(3)?,
             request: text(4)?,
+            trace: trace.to_owned(),
+            started_by: started_by.to_owned(),
         })
     }
 }
@@ -151,6 +168,11 @@ mod tests {
                 state: Some(b"st".to_vec())
             }
         );
+        assert_eq!(event.trace, "", "a start of an earlier version: no trace field");
+        push(&mut p, b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01");
+        let traced = InboxEvent::decode("start", &p).unwrap();
+        assert_eq!(traced.trace, "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01");
+        assert_eq!(traced.kind, event.kind);
         assert_eq!(InboxEvent::decode("start", b"1:k,"), None);
         assert_eq!(InboxEvent::decode("bogus", &p), None);
         assert_eq!(decode_reply(&encode_reply("r1", "hi")), Some(("r1".into(), "hi".into())));

@@ -37,6 +37,9 @@ pub(crate) enum Command {
     Start {
         job: Job,
         reply: Reply,
+        /// The caller's trace span, which the call runs in (see
+        /// [`traced_caller`]).
+        traced: Option<tracing::Span>,
     },
     Stop {
         key: String,
@@ -46,6 +49,7 @@ pub(crate) enum Command {
         key: String,
         payload: Vec<u8>,
         reply: Reply,
+        traced: Option<tracing::Span>,
     },
     Timer {
         key: String,
@@ -101,15 +105,24 @@ impl Actor {
             match command {
                 // A start runs to its end: cut mid-way, it would drop the
                 // instance it took out with the other jobs in it.
-                Command::Start { job, reply } => {
-                    let _ = reply.send(self.start(job).await);
+                Command::Start { job, reply, traced } => {
+                    let answer = match traced {
+                        Some(span) => self.start(job).instrument(span).await,
+                        None => self.start(job).await,
+                    };
+                    let _ = reply.send(answer);
                 }
                 Command::Stop { key, mut reply } => {
                     let answer = unless_abandoned(self.stop(&key), &mut reply).await;
                     self.answer(&key, answer, reply).await;
                 }
-                Command::Notify { key, payload, mut reply } => {
-                    let answer = unless_abandoned(self.notify(&key, &payload), &mut reply).await;
+                Command::Notify { key, payload, mut reply, traced } => {
+                    let answer = match traced {
+                        Some(span) => {
+                            unless_abandoned(self.notify(&key, &payload).instrument(span), &mut reply).await
+                        }
+                        None => unless_abandoned(self.notify(&key, &payload), &mut reply).await,
+                    };
                     self.answer(&key, answer, reply).await;
                 }
                 Command::Timer { key, name, generation } => self.tick(&key, &name, generation).await,
@@ -271,4 +284,15 @@ async fn unless_abandoned<F: Future>(call: F, reply: &mut Reply) -> Option<F::Ou
         answer = call => Some(answer),
         () = reply.closed() => None,
     }
+}
+
+/// The caller's current span when it is a trace span: the guest call runs
+/// in it, on the instance's task, so the requests the guest sends are its
+/// children. `None` when traces are not exported.
+pub(crate) fn traced_caller() -> Option<tracing::Span> {
+    if !tracing::enabled!(target: pulse_telemetry::TARGET, tracing::Level::TRACE) {
+        return None;
+    }
+    let span = tracing::Span::current();
+    span.metadata().is_some_and(|meta| meta.target() == pulse_telemetry::TARGET).then_some(span)
 }

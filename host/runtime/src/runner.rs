@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::task::TaskTracker;
 
-use crate::actor::{Actor, Command, OnGone, Reply};
+use crate::actor::{Actor, Command, OnGone, Reply, traced_caller};
 use crate::error::CallError;
 use crate::job::Job;
 use crate::outputs::JobOutputs;
@@ -93,7 +93,8 @@ impl JobRunner {
             routes.by_key.insert(key.clone(), route.clone());
             route
         };
-        let result = request(&route, &key, |reply| Command::Start { job, reply }).await;
+        let result =
+            request(&route, &key, |reply| Command::Start { job, reply, traced: traced_caller() }).await;
         if result.is_err() {
             self.inner.forget(&key, route.instance);
         }
@@ -127,8 +128,13 @@ impl JobRunner {
     /// Not cancel safe (see [`JobRunner::start`]).
     pub async fn notify(&self, key: &str, payload: Vec<u8>) -> Result<(), CallError> {
         let route = self.inner.route(key)?;
-        let result =
-            request(&route, key, |reply| Command::Notify { key: key.to_owned(), payload, reply }).await;
+        let result = request(&route, key, |reply| Command::Notify {
+            key: key.to_owned(),
+            payload,
+            reply,
+            traced: traced_caller(),
+        })
+        .await;
         if let Err(error) = &result
             && error.ends_job()
         {

@@ -11,6 +11,8 @@
 //! - [`plugins`]: paths to the components `scripts/build-plugins` built.
 //! - [`http`]: [`HttpServer`], a loopback HTTP server that counts requests,
 //!   for plugins' outgoing requests.
+//! - [`otlp`]: [`otlp::collector`], an OTLP/HTTP collector, and the spans
+//!   it received, for tests of traces.
 //! - [`registry`]: [`Registry`], a private OCI registry for plugins
 //!   pushed and pulled.
 //! - [`logs`]: [`logs::capture`], log lines with their span fields, for
@@ -35,6 +37,7 @@
 pub mod http;
 pub mod logs;
 pub mod names;
+pub mod otlp;
 pub mod plugins;
 pub mod pools;
 pub mod registry;

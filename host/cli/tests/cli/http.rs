@@ -68,6 +68,23 @@ impl Served {
         (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
     }
 
+    /// POSTs `body` with a W3C `traceparent` header.
+    pub async fn post_traced(&self, path: &str, body: Value, traceparent: &str) -> (u16, Value) {
+        let mut request = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .header("content-type", "application/json")
+            .header("traceparent", traceparent)
+            .body(body.to_string());
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status().as_u16();
+        let text = response.text().await.unwrap();
+        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    }
+
     pub async fn get(&self, path: &str) -> (u16, Value) {
         self.send("GET", path, None, self.token.as_deref()).await
     }

@@ -35,6 +35,7 @@ mod registry;
 mod scaffold;
 mod schedules;
 mod status_page;
+mod traces;
 mod tries;
 mod upgrades;
 

@@ -535,4 +535,53 @@ impl Check<'_> {
             }
         }
     }
+
+    /// `[telemetry]`: none when it names no collector.
+    pub(super) fn telemetry(&mut self, telemetry: &Telemetry) -> Option<TelemetryConfig> {
+        let Some(endpoint) = &telemetry.otlp_endpoint else {
+            if let Some(other) = &telemetry.service_name {
+                self.problem(other, "`[telemetry]` needs `otlp_endpoint`: the collector's OTLP/HTTP address, such as \"http://127.0.0.1:4318\"".into());
+            }
+            return None;
+        };
+        let text = endpoint.get_ref().trim().trim_end_matches('/').to_owned();
+        let rest = text.strip_prefix("http://").or_else(|| text.strip_prefix("https://"));
+        let valid = rest.is_some_and(|rest| {
+            let authority = rest.split('/').next().unwrap_or_default();
+            !authority.is_empty() && !rest.chars().any(char::is_whitespace)
+        });
+        if !valid {
+            self.problem(
+                endpoint,
+                format!(
+                    "`telemetry.otlp_endpoint` = {text:?} is not an OTLP/HTTP address: write http:// or https://, \
+                     a host and a port, such as \"http://127.0.0.1:4318\" (spans go to <endpoint>/v1/traces)"
+                ),
+            );
+        }
+        let service_name = match &telemetry.service_name {
+            None => "pulse-host".to_owned(),
+            Some(name) => {
+                let text = name.get_ref().trim();
+                if text.is_empty() || text.len() > 100 {
+                    self.problem(name, "`telemetry.service_name` must be 1 to 100 characters".into());
+                }
+                text.to_owned()
+            }
+        };
+        let sample_ratio = match &telemetry.sample_ratio {
+            None => 1.0,
+            Some(ratio) => {
+                let value = *ratio.get_ref();
+                if !(0.0..=1.0).contains(&value) {
+                    self.problem(
+                        ratio,
+                        format!("`telemetry.sample_ratio` = {value}: write a share of traces from 0.0 (none) to 1.0 (all)"),
+                    );
+                }
+                value.clamp(0.0, 1.0)
+            }
+        };
+        Some(TelemetryConfig { otlp_endpoint: text, service_name, sample_ratio })
+    }
 }

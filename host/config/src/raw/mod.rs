@@ -21,7 +21,7 @@ use toml::Spanned;
 use crate::units::{self, DURATION_FORMS, SIZE_FORMS};
 use crate::{
     Config, Defaults, HttpConfig, Isolation, Limits, NodeConfig, PluginConfig, Problem, RedisConfig,
-    RuntimeConfig, ScheduleConfig, Secret, Source, Upgrade, line_of,
+    RuntimeConfig, ScheduleConfig, Secret, Source, TelemetryConfig, Upgrade, line_of,
 };
 
 // The range of every number, size and duration: what `check` enforces
@@ -76,6 +76,15 @@ pub(crate) struct File {
     #[serde(default)]
     schedule: Vec<Schedule>,
     http: Option<Http>,
+    telemetry: Option<Telemetry>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct Telemetry {
+    otlp_endpoint: Option<Spanned<String>>,
+    service_name: Option<Spanned<String>>,
+    sample_ratio: Option<Spanned<f64>>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -421,6 +430,7 @@ impl File {
             limits.instances = share;
         }
         let http = self.http.map(|http| check.http(&http, base));
+        let telemetry = self.telemetry.and_then(|telemetry| check.telemetry(&telemetry));
         let tls_ca_file =
             self.redis.tls_ca_file.as_ref().map(|file| check.file("redis.tls_ca_file", base, file));
         let tls_client = match (&self.redis.tls_cert_file, &self.redis.tls_key_file) {
@@ -451,6 +461,7 @@ impl File {
             plugins,
             schedules,
             http,
+            telemetry,
         })
     }
 }

@@ -425,3 +425,26 @@ fn a_registry_path_is_pinned_by_digest_unless_tags_are_allowed_and_needs_a_cache
         assert!(message.contains(says), "{says}\n{message}");
     }
 }
+
+#[test]
+fn telemetry_is_off_unless_it_names_a_collector() {
+    let path = Path::new("c.toml");
+    assert_eq!(parse(path, "").unwrap().telemetry, None);
+    let config = parse(path, "[telemetry]\notlp_endpoint = \"http://otel:4318/\"\n").unwrap();
+    let telemetry = config.telemetry.unwrap();
+    assert_eq!(
+        (telemetry.otlp_endpoint.as_str(), telemetry.service_name.as_str(), telemetry.sample_ratio),
+        ("http://otel:4318", "pulse-host", 1.0),
+        "the trailing / dropped, the defaults filled"
+    );
+    let text = "[telemetry]\notlp_endpoint = \"otel:4318\"\nservice_name = \"\"\nsample_ratio = 1.5\n";
+    let error = parse(path, text).unwrap_err();
+    let lines: Vec<_> = error.problems.iter().map(|p| p.line).collect();
+    assert_eq!(lines, [Some(2), Some(3), Some(4)], "{error}");
+    let message = error.to_string();
+    assert!(message.contains("is not an OTLP/HTTP address: write http:// or https://"), "{message}");
+    assert!(message.contains("`telemetry.service_name` must be 1 to 100 characters"), "{message}");
+    assert!(message.contains("from 0.0 (none) to 1.0 (all)"), "{message}");
+    let error = parse(path, "[telemetry]\nservice_name = \"x\"\n").unwrap_err();
+    assert!(error.to_string().contains("`[telemetry]` needs `otlp_endpoint`"), "{error}");
+}

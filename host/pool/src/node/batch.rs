@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use redis::Value;
+use tracing::Instrument;
 
 use super::Node;
 use super::confirm::Sent;
@@ -51,12 +52,30 @@ impl Node {
     /// With several slot groups, each group's jobs go as a batch of their
     /// own, all groups at once.
     pub async fn dispatch_batch(&self, jobs: &[(String, Vec<u8>)]) -> Vec<Result<DispatchOutcome>> {
+        // One span for the batch: every start it sends continues it.
+        let span = self.trace_span("job.dispatch_batch", "");
+        if !span.is_disabled() {
+            span.record("pulse.outcome", format!("{} jobs", jobs.len()));
+        }
+        let trace = pulse_telemetry::traceparent(&span).unwrap_or_default();
+        self.dispatch_batch_traced(jobs, &trace).instrument(span).await
+    }
+
+    async fn dispatch_batch_traced(
+        &self,
+        jobs: &[(String, Vec<u8>)],
+        trace: &str,
+    ) -> Vec<Result<DispatchOutcome>> {
         let by_group = self.by_group(jobs.iter().map(|(key, _)| key.as_str()));
         let sends = by_group.iter().enumerate().map(|(group, indexes)| async move {
             let group_jobs: Vec<&(String, Vec<u8>)> = indexes.iter().map(|&index| &jobs[index]).collect();
             match group_jobs.is_empty() {
                 true => Vec::new(),
-                false => self.group(u32::try_from(group).unwrap_or(0)).dispatch_batch_here(&group_jobs).await,
+                false => {
+                    self.group(u32::try_from(group).unwrap_or(0))
+                        .dispatch_batch_here(&group_jobs, trace)
+                        .await
+                }
             }
         });
         let answers = futures_util::future::join_all(sends).await;
@@ -70,7 +89,11 @@ impl Node {
     }
 
     /// [`Node::dispatch_batch`] of jobs of this node's slot group.
-    async fn dispatch_batch_here(&self, jobs: &[&(String, Vec<u8>)]) -> Vec<Result<DispatchOutcome>> {
+    async fn dispatch_batch_here(
+        &self,
+        jobs: &[&(String, Vec<u8>)],
+        trace: &str,
+    ) -> Vec<Result<DispatchOutcome>> {
         let began = Instant::now();
         let core = &self.core;
         let mut outcomes: Vec<Option<Result<DispatchOutcome>>> = jobs.iter().map(|_| None).collect();
@@ -100,7 +123,7 @@ impl Node {
         let mut sent = Vec::new();
         // Sent again one by one: the slot table changed under them.
         let mut again = Vec::new();
-        let answers = self.send_groups(jobs, &groups).await;
+        let answers = self.send_groups(jobs, &groups, trace).await;
         for (group, (answer, held)) in groups.drain(..).zip(answers) {
             match answer {
                 Ok(answers) => {
@@ -157,6 +180,7 @@ impl Node {
         &self,
         jobs: &[&(String, Vec<u8>)],
         groups: &[Group<'_>],
+        trace: &str,
     ) -> Vec<(redis::RedisResult<Vec<Result<Dispatched>>>, bool)> {
         let core = &self.core;
         let mut conn = core.conn.clone();
@@ -175,7 +199,7 @@ impl Node {
                         (jobs[p.index].0.as_str(), jobs[p.index].1.as_slice(), p.waiter.request.as_str())
                     })
                     .collect();
-                pipe.add_command(self.dispatch_cmd(*rev, worker, &group));
+                pipe.add_command(self.dispatch_cmd(*rev, worker, trace, &group));
             }
             let sent = match &self.confirm {
                 None => pipe.query_async(&mut conn).await.map(|replies| Sent { replies, held: true }),

@@ -1,6 +1,7 @@
 //! Dispatch, stop, notify, retry and forget.
 
 use redis::Value;
+use tracing::Instrument;
 
 use super::Node;
 use crate::core::{Answer, Dispatched, Outcome, Routed, protocol};
@@ -24,20 +25,45 @@ impl Node {
     /// Not cancel safe: once sent, the job is dispatched whether or not the
     /// answer is awaited.
     pub async fn dispatch(&self, key: &str, payload: &[u8]) -> Result<DispatchOutcome> {
-        self.elsewhere(key).unwrap_or(self).dispatch_here(key, payload).await
+        let span = self.trace_span("job.dispatch", key);
+        let trace = pulse_telemetry::traceparent(&span).unwrap_or_default();
+        let outcome = self
+            .elsewhere(key)
+            .unwrap_or(self)
+            .dispatch_here(key, payload, &trace)
+            .instrument(span.clone())
+            .await;
+        traced_outcome(&span, &outcome);
+        outcome
     }
 
-    /// [`Node::dispatch`] in this node's slot group.
-    async fn dispatch_here(&self, key: &str, payload: &[u8]) -> Result<DispatchOutcome> {
+    /// The span of a call of this pool's API about job `key` (`key` empty:
+    /// a batch), when traces are exported.
+    pub(super) fn trace_span(&self, name: &'static str, key: &str) -> tracing::Span {
+        tracing::trace_span!(
+            target: pulse_telemetry::TARGET,
+            "pulse",
+            otel.name = name,
+            otel.kind = "producer",
+            otel.status_code = tracing::field::Empty,
+            pulse.pool = %self.core.keys.pool,
+            pulse.job.key = key,
+            pulse.outcome = tracing::field::Empty,
+        )
+    }
+
+    /// [`Node::dispatch`] in this node's slot group; `trace` is the
+    /// traceparent the start carries ('' for none).
+    async fn dispatch_here(&self, key: &str, payload: &[u8], trace: &str) -> Result<DispatchOutcome> {
         let started = std::time::Instant::now();
-        let outcome = self.send_dispatch(key, payload).await;
+        let outcome = self.send_dispatch(key, payload, trace).await;
         if let Ok(outcome) = &outcome {
             self.core.metrics.dispatched(outcome, started.elapsed());
         }
         outcome
     }
 
-    async fn send_dispatch(&self, key: &str, payload: &[u8]) -> Result<DispatchOutcome> {
+    async fn send_dispatch(&self, key: &str, payload: &[u8], trace: &str) -> Result<DispatchOutcome> {
         self.validate(key, payload.len())?;
         let core = &self.core;
         // Registered before anything is sent: the answer cannot beat it.
@@ -45,7 +71,7 @@ impl Node {
         for _ in 0..MAX_ROUTING_RETRIES {
             let mut conn = core.conn.clone();
             let (rev, worker) = core.route(key);
-            let cmd = self.dispatch_cmd(rev, &worker, &[(key, payload, waiter.request.as_str())]);
+            let cmd = self.dispatch_cmd(rev, &worker, trace, &[(key, payload, waiter.request.as_str())]);
             let (answer, held) = match &self.confirm {
                 None => (scripts::query(&scripts::DISPATCH, &cmd, &mut conn).await, true),
                 Some(confirm) => confirmed(confirm, &cmd, &mut conn).await,
@@ -69,12 +95,24 @@ impl Node {
     }
 
     /// `dispatch.lua` for `jobs` (key, payload, request id), all routed to
-    /// `worker` with slot table revision `rev`.
-    pub(super) fn dispatch_cmd(&self, rev: u64, worker: &str, jobs: &[(&str, &[u8], &str)]) -> redis::Cmd {
+    /// `worker` with slot table revision `rev`, their starts carrying
+    /// `trace`.
+    pub(super) fn dispatch_cmd(
+        &self,
+        rev: u64,
+        worker: &str,
+        trace: &str,
+        jobs: &[(&str, &[u8], &str)],
+    ) -> redis::Cmd {
         let core = &self.core;
         let keys = core.dispatch_keys(worker, jobs.iter().map(|(key, ..)| *key));
         let mut cmd = scripts::evalsha(&scripts::DISPATCH, &keys);
-        cmd.arg(rev.to_string()).arg(worker).arg(&core.replies).arg(core.options.max_jobs).arg(jobs.len());
+        cmd.arg(rev.to_string())
+            .arg(worker)
+            .arg(&core.replies)
+            .arg(core.options.max_jobs)
+            .arg(jobs.len())
+            .arg(trace);
         for (key, payload, request) in jobs {
             cmd.arg(*key).arg(*payload).arg(*request);
         }
@@ -92,7 +130,7 @@ impl Node {
     /// answer is awaited.
     pub async fn stop(&self, key: &str) -> Result<EventOutcome> {
         self.validate(key, 0)?;
-        self.elsewhere(key).unwrap_or(self).send_event("stop", key, b"").await
+        self.elsewhere(key).unwrap_or(self).send_event("stop", key, b"", "").await
     }
 
     /// Sends a notification to job `key`, in order with every other event
@@ -106,7 +144,16 @@ impl Node {
     /// not its answer is awaited.
     pub async fn notify(&self, key: &str, payload: &[u8]) -> Result<EventOutcome> {
         self.validate(key, payload.len())?;
-        self.elsewhere(key).unwrap_or(self).send_event("notify", key, payload).await
+        let span = self.trace_span("job.notify", key);
+        let trace = pulse_telemetry::traceparent(&span).unwrap_or_default();
+        let outcome = self
+            .elsewhere(key)
+            .unwrap_or(self)
+            .send_event("notify", key, payload, &trace)
+            .instrument(span.clone())
+            .await;
+        traced_outcome(&span, &outcome);
+        outcome
     }
 
     /// Starts a failed job again from its first attempt; returns whether the
@@ -158,7 +205,9 @@ impl Node {
         Ok(done == 1)
     }
 
-    async fn send_event(&self, kind: &str, key: &str, payload: &[u8]) -> Result<EventOutcome> {
+    /// Routes a stop or notification; `trace` is the traceparent a
+    /// notification carries ('' for none).
+    async fn send_event(&self, kind: &str, key: &str, payload: &[u8], trace: &str) -> Result<EventOutcome> {
         let core = &self.core;
         let keys = &core.keys;
         let mut waiter = core.waiters.register(core.next_request());
@@ -177,6 +226,7 @@ impl Node {
                 .arg(&core.replies)
                 .arg(&waiter.request)
                 .arg(payload)
+                .arg(trace)
                 .invoke_async(&mut conn)
                 .await
                 .map_err(core.redis_error(if kind == "stop" { "stop" } else { "notify" }))?;
@@ -288,4 +338,15 @@ pub(super) fn dispatched(value: Value, count: usize) -> Vec<Result<Dispatched>> 
         return bad(format!("{} answers for {count} jobs", answers.len()));
     }
     answers.iter().map(|answer| Dispatched::parse(answer)).collect()
+}
+
+/// Records on `span` how its call ended: the outcome, or an error status.
+pub(super) fn traced_outcome<T: std::fmt::Debug>(span: &tracing::Span, outcome: &Result<T>) {
+    if span.is_disabled() {
+        return;
+    }
+    match outcome {
+        Ok(outcome) => span.record("pulse.outcome", format!("{outcome:?}")),
+        Err(error) => span.record("otel.status_code", "ERROR").record("pulse.outcome", error.to_string()),
+    };
 }

@@ -189,13 +189,15 @@ impl<H: JobHandler> Worker<H> {
         let handler = self.handler.clone();
         let stop_span = superseded.then(|| self.call_span("stop", &job.key, &event.token));
         let span = self.call_span("start", &job.key, &event.token);
+        let traced = self.trace_span("worker.start", &event);
         Some(Box::pin(async move {
             if let Some(stop_span) = stop_span
                 && let Err(error) = handler.stop(&job.key).instrument(stop_span).await
             {
                 tracing::warn!(job.key = %job.key, error = %error, "handler failed to stop a superseded run");
             }
-            let result = handler.start(job.clone(), ctx).instrument(span).await;
+            let result = handler.start(job.clone(), ctx).instrument(traced.clone()).instrument(span).await;
+            traced_result(&traced, &result);
             Finished::Start { event, job, waiting, result }
         }))
     }
@@ -255,6 +257,8 @@ impl<H: JobHandler> Worker<H> {
             seq: running.last_seq,
             reply: String::new(),
             request: String::new(),
+            trace: String::new(),
+            started_by: String::new(),
         };
         let key = event.key.clone();
         self.retrying.insert(key, Retrying { event: start, job, waiting: VecDeque::from([event]) });
@@ -372,8 +376,14 @@ impl<H: JobHandler> Worker<H> {
         }
         let handler = self.handler.clone();
         let span = self.call_span("notify", &event.key, &event.token);
+        let traced = self.trace_span("worker.notify", &event);
         Some(Box::pin(async move {
-            let result = handler.notify(&event.key, payload, event.seq).instrument(span).await;
+            let result = handler
+                .notify(&event.key, payload, event.seq)
+                .instrument(traced.clone())
+                .instrument(span)
+                .await;
+            traced_result(&traced, &result);
             Finished::Notify { event, result }
         }))
     }
@@ -405,5 +415,14 @@ impl<H: JobHandler> Worker<H> {
         for event in waiting {
             self.reply(&event, outcome, "");
         }
+    }
+}
+
+/// Records a handler's error on the trace span of its call.
+fn traced_result(span: &tracing::Span, result: &Result<(), HandlerError>) {
+    if let Err(error) = result
+        && !span.is_disabled()
+    {
+        span.record("otel.status_code", "ERROR").record("pulse.outcome", error.to_string());
     }
 }

@@ -133,6 +133,29 @@ impl<H: JobHandler> Worker<H> {
         tracing::info_span!("job.call", call, pool = %self.core.keys.pool, worker = %self.id, job.key = %key, token = %token)
     }
 
+    /// The trace span of the handler's call for `event` (`worker.start`
+    /// or `worker.notify`): a child of the span that sent the event and,
+    /// for a notification, linked to the dispatch that started the job.
+    /// Disabled unless traces are exported.
+    fn trace_span(&self, name: &'static str, event: &InboxEvent) -> tracing::Span {
+        let span = tracing::trace_span!(
+            target: pulse_telemetry::TARGET,
+            "pulse",
+            otel.name = name,
+            otel.kind = "consumer",
+            otel.status_code = tracing::field::Empty,
+            pulse.pool = %self.core.keys.pool,
+            pulse.job.key = %event.key,
+            pulse.worker = %self.id,
+            pulse.node = %self.core.id,
+            pulse.token = %event.token,
+            pulse.outcome = tracing::field::Empty,
+        );
+        pulse_telemetry::follow(&span, &event.trace);
+        pulse_telemetry::link(&span, &event.started_by);
+        span
+    }
+
     async fn run(
         mut self,
         mut reader: pulse_streams::Reader,

@@ -27,6 +27,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use tracing::Instrument as _;
 use wasmtime_wasi_http::{Error as HttpError, RequestOptions, WasiBody, WasiHttpHooks};
 
 pub use rules::{AllowedHost, AllowedHostError};
@@ -198,6 +199,8 @@ impl WasiHttpHooks for OutboundHooks {
                 }
             }
         }
+        let traced = client_span(&request);
+        pulse_telemetry::inject(&traced, request.headers_mut());
         let rules = self.rules.clone();
         // The fence of a request in flight, from sending until its body is
         // read: told and counted once when it falls.
@@ -239,9 +242,10 @@ impl WasiHttpHooks for OutboundHooks {
                 }
             };
             let sent = tokio::select! {
-                sent = send::send(request, bounds, &rules.tls) => sent,
+                sent = send::send(request, bounds, &rules.tls).instrument(traced.clone()) => sent,
                 () = fence => return Err(HttpError::HttpRequestDenied),
             };
+            traced_response(&traced, &sent);
             metrics.http_request(
                 &host,
                 sent.as_ref().map(|(response, _)| response.status().as_u16()).ok(),
@@ -249,6 +253,43 @@ impl WasiHttpHooks for OutboundHooks {
             );
             sent
         })
+    }
+}
+
+/// The trace span of an outgoing request, a child of the guest call's
+/// (disabled unless traces are exported): the request carries its
+/// `traceparent`, so the service called continues the job's trace.
+fn client_span(request: &http::Request<WasiBody>) -> tracing::Span {
+    let span = tracing::trace_span!(
+        target: pulse_telemetry::TARGET,
+        "pulse",
+        otel.name = %request.method(),
+        otel.kind = "client",
+        otel.status_code = tracing::field::Empty,
+        http.request.method = %request.method(),
+        url.full = %request.uri(),
+        server.address = request.uri().host().unwrap_or_default(),
+        http.response.status_code = tracing::field::Empty,
+        "error.type" = tracing::field::Empty,
+    );
+    span
+}
+
+/// Records how an outgoing request ended on its trace span.
+fn traced_response(span: &tracing::Span, sent: &Answer) {
+    if span.is_disabled() {
+        return;
+    }
+    match sent {
+        Ok((response, _)) => {
+            span.record("http.response.status_code", response.status().as_u16());
+            if response.status().is_server_error() {
+                span.record("otel.status_code", "ERROR");
+            }
+        }
+        Err(error) => {
+            span.record("otel.status_code", "ERROR").record("error.type", format!("{error:?}"));
+        }
     }
 }
 
