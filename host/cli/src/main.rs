@@ -572,17 +572,7 @@ async fn read(
     Ok(match command {
         Command::Status { key, json, .. } => match view.status(&key).await? {
             Some(job) if json => (exit::OK, serde_json::to_string(&job).unwrap_or_default()),
-            Some(job) => (
-                exit::OK,
-                format!(
-                    "{}: {} on {} (attempt {}){}",
-                    job.key,
-                    job.state.as_str(),
-                    job.worker.as_deref().unwrap_or("no worker"),
-                    job.attempt,
-                    job.reason.map(|r| format!(", failed: {r}")).unwrap_or_default()
-                ),
-            ),
+            Some(job) => (exit::OK, client::describe_job(&job)),
             None => (exit::NOT_FOUND_OR_EXISTS, "no such job".into()),
         },
         Command::Jobs { state, prefix, limit, cursor, json, .. } => {

@@ -30,6 +30,7 @@ local has_state = r[4] and '1' or '0'
 local start = ns(key) .. ns(token) .. ns('0') .. ns(r[6] or '') .. ns(r[7] or '') .. ns(r[3] or '1')
   .. ns(r[5] or '0') .. ns(r[2] or '') .. ns(r[1] or '') .. ns(has_state) .. ns(r[4] or '') .. ns(r[8] or '')
 redis.call('XADD', KEYS[6], '*', 'n', 'start', 'p', start)
+note(record, 'started', worker)
 if r[6] then redis.call('HDEL', record, 'reply', 'request') end
 local seq = job.seq
 for _, held_entry in ipairs(redis.call('LRANGE', held, 0, -1)) do

@@ -127,6 +127,7 @@ local function evict(w)
         redis.call('HSET', j.record, 'requeued', '1')
       end
       redis.call('HSET', jobs, key, ownership('queued', '', job.token, seq))
+      note(j.record, 'evicted', w.id)
       redis.call('SADD', queued, key)
       moved = moved + 1
     end

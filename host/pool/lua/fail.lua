@@ -10,5 +10,6 @@ local job = parse(redis.call('HGET', KEYS[1], ARGV[1]))
 if not job or job.token ~= ARGV[2] then return 0 end
 redis.call('HSET', KEYS[1], ARGV[1], ownership('failed', '', job.token, job.seq))
 redis.call('HSET', KEYS[2], 'reason', ARGV[3], 'attempt', ARGV[4])
+note(KEYS[2], 'failed', job.worker)
 redis.call('SREM', KEYS[3], ARGV[1])
 return 1

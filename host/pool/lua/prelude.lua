@@ -26,6 +26,24 @@ local function now_ms()
   return tostring(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
 end
 
+-- Adds event `what` (one word: started, returned, evicted, failed,
+-- retried) and the worker it concerns to the history of the job whose
+-- record is `record`: lines of `<ms> <what> <worker>`, the newest last,
+-- kept to its last 1 KiB, so a job that moves forever stays small.
+-- For people (the API's job status, the status page, `status`): the pool
+-- never reads it. Written where a job changes hands or fails, not by a
+-- dispatch (the record's `created` is the first line).
+local function note(record, what, worker)
+  local limit = 1024
+  local line = now_ms() .. ' ' .. what .. ' ' .. (worker or '') .. '\n'
+  local history = (redis.call('HGET', record, 'history') or '') .. line
+  if #history > limit then
+    local cut = string.find(history, '\n', #history - limit, true)
+    history = string.sub(history, cut + 1)
+  end
+  redis.call('HSET', record, 'history', history)
+end
+
 -- Takes `n` fencing tokens from the pool's counter (KEYS `counter`) and
 -- returns the last of them. A counter Redis does not hold (a new pool, one
 -- shut down, or one whose data Redis lost) starts at Redis's clock in

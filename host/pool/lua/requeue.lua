@@ -22,6 +22,7 @@ local job = parse(redis.call('HGET', KEYS[1], ARGV[1]))
 if not job or job.token ~= ARGV[2] or (job.state ~= 'running' and job.state ~= 'moving') then return 0 end
 redis.call('HSET', KEYS[1], ARGV[1], ownership('queued', '', job.token, job.seq))
 redis.call('HSET', KEYS[2], 'requeued', '1')
+note(KEYS[2], 'returned', job.worker)
 if ARGV[3] ~= '' then redis.call('HSET', KEYS[2], 'reply', ARGV[3], 'request', ARGV[4]) end
 for i = #ARGV, 5, -1 do redis.call('LPUSH', KEYS[5], ARGV[i]) end
 redis.call('SADD', KEYS[3], ARGV[1])

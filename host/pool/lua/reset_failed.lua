@@ -14,5 +14,6 @@ end
 redis.call('HSET', KEYS[1], ARGV[1], ownership('queued', '', job.token, job.seq))
 redis.call('HSET', KEYS[2], 'attempt', 1)
 redis.call('HDEL', KEYS[2], 'reason')
+note(KEYS[2], 'retried', '')
 redis.call('SADD', KEYS[3], ARGV[1])
 return 1

@@ -121,7 +121,8 @@ impl<H: JobHandler> JobHandler for std::sync::Arc<H> {
 
 /// What the pool knows of a job. Serialized (for the API and the command
 /// line's `--json`) as `{"key", "state", "worker", "created_at_ms",
-/// "attempt", "reason"}`, the state in its one string form.
+/// "attempt", "reason"}`, the state in its one string form, and
+/// `"history"` when it was read (a job's status, not a listing).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct JobInfo {
     /// Its key.
@@ -136,6 +137,26 @@ pub struct JobInfo {
     pub attempt: u32,
     /// Why it failed, if it did.
     pub reason: Option<String>,
+    /// How it got here, oldest first (its dispatch, then each start on a
+    /// worker after the first, each hand-back, eviction, failure and
+    /// retry; the last 1 KiB of them): read for one job's status only,
+    /// empty in listings.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<JobEvent>,
+}
+
+/// A line of a job's history.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct JobEvent {
+    /// When, ms since the Unix epoch (Redis time).
+    pub at_ms: u64,
+    /// `dispatched`, `started` (on a worker, after a wait or a move: the
+    /// first start of a dispatch to a live worker is the dispatch's),
+    /// `returned` (its worker handed it back, leaving or rebalancing),
+    /// `evicted` (its worker was declared dead), `failed` or `retried`.
+    pub event: String,
+    /// The worker it concerns.
+    pub worker: Option<String>,
 }
 
 /// Where a job is.

@@ -56,7 +56,7 @@ pub use context::{ContextError, JobContext};
 pub use core::CallScope;
 pub use emitted::{Emitted, EmittedEvents, Followed, Following};
 pub use error::{Error, Result};
-pub use job::{DispatchOutcome, EventOutcome, HandlerError, Job, JobHandler, JobInfo, JobState};
+pub use job::{DispatchOutcome, EventOutcome, HandlerError, Job, JobEvent, JobHandler, JobInfo, JobState};
 pub use keys::group_tag;
 pub use node::{
     JobCounts, JobsPage, JobsQuery, MAX_PAGE, MAX_SCANS, Node, NodeInfo, PoolView, RefusedRelease, Rollout,

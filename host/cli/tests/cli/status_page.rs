@@ -296,14 +296,14 @@ async fn the_status_page_filters_and_pages_jobs_and_acts_on_one_only_once_confir
         )
         .await;
 
-    // A job's page: its record and its node.
+    // A job's page: its record, its node and its history.
     browser.eval(&format!("{pool}.querySelector('[data-job=\"act-1\"]').click()")).await;
     let pid = api.host.child.id();
     browser
         .until(
-            "act-1's page shows it running on this host's process",
+            "act-1's page shows it running on this host's process, dispatched",
             &format!(
-                "{pool}.querySelector('[data-job-state]')?.dataset.jobState === 'running' && {pool}.querySelector('[data-job-panel]').innerText.includes('pid {pid}')"
+                "{pool}.querySelector('[data-job-state]')?.dataset.jobState === 'running' && {pool}.querySelector('[data-job-panel]').innerText.includes('pid {pid}') && {pool}.querySelector('[data-job-history]').innerText.includes('dispatched')"
             ),
         )
         .await;

@@ -13,7 +13,7 @@ use redis::aio::ConnectionLike;
 
 use super::Node;
 use crate::error::Result;
-use crate::job::{JobInfo, JobState};
+use crate::job::{JobEvent, JobInfo, JobState};
 use crate::keys::PoolKeys;
 
 /// The fields of a job's record that listing shows: created, attempt, reason.
@@ -308,15 +308,21 @@ pub(super) async fn status<C: ConnectionLike + Send>(
     keys: &PoolKeys,
     key: &str,
 ) -> Result<Option<JobInfo>> {
-    let (ownership, record): (Option<String>, Record) = redis::pipe()
+    type WithHistory = (Option<u64>, Option<u32>, Option<String>, Option<String>);
+    let (ownership, record): (Option<String>, WithHistory) = redis::pipe()
         .hget(&keys.jobs, key)
         .cmd("HMGET")
         .arg(keys.record(key))
-        .arg(&["created", "attempt", "reason"])
+        .arg(&["created", "attempt", "reason", "history"])
         .query_async(conn)
         .await
         .map_err(keys.redis_error("read a job"))?;
-    let mut jobs: Vec<JobInfo> = ownership.and_then(|o| info(key, &o, record)).into_iter().collect();
+    let (created, attempt, reason, history) = record;
+    let mut jobs: Vec<JobInfo> =
+        ownership.and_then(|o| info(key, &o, (created, attempt, reason))).into_iter().collect();
+    if let Some(job) = jobs.first_mut() {
+        job.history = history_of(job.created_at_ms, history.as_deref().unwrap_or_default());
+    }
     mark_starting(conn, keys, &mut jobs).await?;
     Ok(jobs.pop())
 }
@@ -596,6 +602,21 @@ pub(super) fn merge_workers(per_group: Vec<Vec<WorkerInfo>>) -> Vec<WorkerInfo> 
     workers
 }
 
+/// A job's history as its record keeps it (`<ms> <event> <worker>`
+/// lines, see `note` in lua/prelude.lua), after its dispatch at `created`;
+/// a line it cannot read is left out.
+fn history_of(created: u64, lines: &str) -> Vec<JobEvent> {
+    let dispatched = JobEvent { at_ms: created, event: "dispatched".into(), worker: None };
+    let later = lines.lines().filter_map(|line| {
+        let mut parts = line.splitn(3, ' ');
+        let at_ms = parts.next()?.parse().ok()?;
+        let event = parts.next().filter(|e| !e.is_empty())?.to_owned();
+        let worker = parts.next().filter(|w| !w.is_empty()).map(str::to_owned);
+        Some(JobEvent { at_ms, event, worker })
+    });
+    std::iter::once(dispatched).chain(later).collect()
+}
+
 fn info(key: &str, ownership: &str, (created, attempt, reason): Record) -> Option<JobInfo> {
     let mut parts = ownership.split('|');
     let state = JobState::parse(parts.next()?)?;
@@ -607,5 +628,6 @@ fn info(key: &str, ownership: &str, (created, attempt, reason): Record) -> Optio
         created_at_ms: created.unwrap_or(0),
         attempt: attempt.unwrap_or(1),
         reason,
+        history: Vec::new(),
     })
 }

@@ -114,6 +114,15 @@ async fn a_retryable_failure_is_retried_up_to_max_attempts_then_failed() {
                 == 2
         })
         .await;
+    crate::wait_for_state(&node, "never", JobState::Running).await;
+    let history = node.status("never").await.unwrap().unwrap().history;
+    let history: Vec<(&str, Option<&str>)> =
+        history.iter().map(|e| (e.event.as_str(), e.worker.as_deref())).collect();
+    assert_eq!(
+        history,
+        [("dispatched", None), ("failed", Some("w1")), ("retried", None), ("started", Some("w1"))],
+        "its history"
+    );
     let _ = PATIENCE;
     finish(&pool, &[&node]).await;
 }

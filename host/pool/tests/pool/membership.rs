@@ -385,3 +385,41 @@ async fn a_pool_of_one_slot_per_worker_is_refused_with_what_to_do() {
     }
     redis::cmd("DEL").arg(&epoch).exec_async(&mut conn).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jobs_status_tells_its_history_its_dispatch_then_each_change_of_hands() {
+    const JOBS: usize = 20;
+    let pool = unique("history");
+    let calls = Calls::default();
+    let node = node(&pool, 2, &calls).await;
+    for i in 0..JOBS {
+        assert_eq!(node.dispatch(&format!("job-{i}"), b"").await.unwrap(), DispatchOutcome::Started);
+    }
+    assert_placed(&node, &calls, JOBS).await;
+    let before = placement_of(&calls.all());
+    node.remove_worker("w1").await.unwrap();
+    assert_placed(&node, &calls, JOBS).await;
+    let mut moved = 0;
+    for i in 0..JOBS {
+        let key = format!("job-{i}");
+        let job = node.status(&key).await.unwrap().unwrap();
+        let history: Vec<(&str, Option<&str>)> =
+            job.history.iter().map(|e| (e.event.as_str(), e.worker.as_deref())).collect();
+        if before[&key] == "w1" {
+            moved += 1;
+            assert_eq!(
+                history,
+                [("dispatched", None), ("returned", Some("w1")), ("started", Some("w2"))],
+                "{key} moved"
+            );
+        } else {
+            assert_eq!(history, [("dispatched", None)], "{key} stayed");
+        }
+        assert_eq!(job.history[0].at_ms, job.created_at_ms);
+        assert!(job.history.windows(2).all(|w| w[0].at_ms <= w[1].at_ms), "{key}: oldest first");
+    }
+    assert!(moved > 0 && moved < JOBS, "both workers had jobs");
+    let listed = node.jobs().await.unwrap();
+    assert!(listed.iter().all(|job| job.history.is_empty()), "a listing reads no history");
+    finish(&pool, &[&node]).await;
+}
