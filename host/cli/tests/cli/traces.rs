@@ -130,3 +130,44 @@ async fn a_dispatch_is_one_trace_from_the_caller_to_the_guests_request_and_a_not
         format!("00-{NOTIFIER_TRACE}-{}-01", post.span_id)
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sampling_keeps_a_callers_decision_and_drops_traces_begun_here_at_ratio_zero() {
+    let collector = otlp::collector();
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        &[("echo", pulse_testkit::plugins::ECHO, "")],
+        &format!(
+            "[http]\nlisten = \"127.0.0.1:0\"\n\n[telemetry]\notlp_endpoint = \"http://{}\"\nsample_ratio = 0.0\n",
+            collector.address()
+        ),
+    );
+    let api = Served::start(&config, redis.url(), None).await;
+    let untraced = api.post("/api/pools/echo/jobs", json!({"key": "begun-here"})).await;
+    let kept = api
+        .post_traced(
+            "/api/pools/echo/jobs",
+            json!({"key": "sampled"}),
+            &format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01"),
+        )
+        .await;
+    let dropped = api
+        .post_traced(
+            "/api/pools/echo/jobs",
+            json!({"key": "not-sampled"}),
+            &format!("00-{NOTIFIER_TRACE}-{NOTIFIER_SPAN}-00"),
+        )
+        .await;
+    for answer in [&untraced, &kept, &dropped] {
+        assert_eq!(answer.0, 201, "{answer:?}");
+    }
+    assert_eq!(api.host.terminate(), 0);
+    let spans = otlp::spans(&collector);
+    let keys: std::collections::BTreeSet<&str> = spans.iter().map(|s| s.attribute("pulse.job.key")).collect();
+    assert!(spans.iter().all(|s| s.trace_id == CALLER_TRACE), "only the sampled caller's trace: {spans:#?}");
+    assert_eq!(keys, ["", "sampled"].into_iter().collect(), "{spans:#?}");
+    one(&spans, CALLER_TRACE, "worker.start");
+    one(&spans, CALLER_TRACE, "plugin.start");
+}
