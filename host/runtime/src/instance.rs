@@ -78,7 +78,7 @@ impl Instance {
         let gate = LogGate::new(plugin.metrics.log_dropped.clone());
         let http = OutboundHooks::new(
             &plugin.name,
-            plugin.outbound.clone(),
+            (plugin.outbound.clone(), plugin.connections.clone()),
             outputs.clone(),
             plugin.metrics.clone(),
             true,

@@ -60,6 +60,8 @@ pub(crate) struct PluginInner {
     pub(crate) metrics: Arc<PluginMetrics>,
     pub(crate) quota: Arc<Quota>,
     pub(crate) outbound: Arc<Outbound>,
+    /// Its idle outgoing connections, shared by its instances.
+    pub(crate) connections: Arc<crate::outbound::Connections>,
 }
 
 /// The 8 bytes every WebAssembly binary starts with: magic, then a version
@@ -95,6 +97,7 @@ impl Plugin {
                 metrics: Arc::new(PluginMetrics::handler(name)),
                 quota: Quota::new(name, options.limits.instances),
                 outbound: Arc::new(options.outbound),
+                connections: Arc::default(),
             }),
         })
     }

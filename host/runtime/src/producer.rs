@@ -70,6 +70,7 @@ struct ProducerInner {
     metrics: Arc<PluginMetrics>,
     quota: Arc<Quota>,
     outbound: Arc<Outbound>,
+    connections: Arc<crate::outbound::Connections>,
 }
 
 impl Producer {
@@ -96,6 +97,7 @@ impl Producer {
                 metrics: Arc::new(PluginMetrics::producer(name)),
                 quota: Quota::new(name, options.limits.instances),
                 outbound: Arc::new(options.outbound),
+                connections: Arc::default(),
             }),
         })
     }
@@ -125,7 +127,7 @@ impl Producer {
             LogGate::new(inner.metrics.log_dropped.clone()),
             OutboundHooks::new(
                 &inner.name,
-                inner.outbound.clone(),
+                (inner.outbound.clone(), inner.connections.clone()),
                 Arc::new(NoJobs),
                 inner.metrics.clone(),
                 false,

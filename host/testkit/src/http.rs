@@ -1,6 +1,8 @@
 //! [`HttpServer`]: a small HTTP/1.1 server on loopback for tests of
-//! plugins' outgoing requests. It answers each request on a connection of
-//! its own (`Connection: close`) and counts what it received per path.
+//! plugins' outgoing requests, a thread per connection. It keeps a
+//! connection open for the next request (keep-alive) unless the client
+//! asks to close it, and counts what it received per path and the
+//! connections it accepted.
 //!
 //! [`HttpServer::start_tls`] serves HTTPS instead, with a certificate for
 //! `127.0.0.1` and `localhost` made for it and trusted by nothing: its
@@ -69,6 +71,8 @@ struct State {
     /// `<pool>/<key>` -> the largest token accepted.
     newest: HashMap<String, u64>,
     fenced: Vec<FencedWrite>,
+    /// Connections accepted.
+    connections: usize,
 }
 
 /// The server; it stops accepting when dropped (connections in progress
@@ -116,6 +120,7 @@ impl HttpServer {
         std::thread::spawn(move || {
             for stream in listener.incoming() {
                 let (Ok(stream), Some(state)) = (stream, shared.upgrade()) else { return };
+                lock(&state).connections += 1;
                 let tls = tls.clone();
                 std::thread::spawn(move || match tls {
                     None => serve(stream, &state),
@@ -179,6 +184,11 @@ impl HttpServer {
     pub fn count(&self, path: &str) -> usize {
         lock(&self.state).received.iter().filter(|r| r.path == path).count()
     }
+
+    /// How many connections the server accepted.
+    pub fn connections(&self) -> usize {
+        lock(&self.state).connections
+    }
 }
 
 fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
@@ -187,9 +197,15 @@ fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
 
 fn serve(mut stream: impl Read + Write, state: &Mutex<State>) {
     let mut reader = BufReader::new(&mut stream);
+    while serve_one(&mut reader, state) {}
+}
+
+/// Answers the next request of a connection; whether the connection stays
+/// open for another.
+fn serve_one<S: Read + Write>(reader: &mut BufReader<S>, state: &Mutex<State>) -> bool {
     let mut line = String::new();
-    if reader.read_line(&mut line).is_err() {
-        return;
+    if reader.read_line(&mut line).is_err() || line.trim().is_empty() {
+        return false;
     }
     let mut words = line.split_whitespace();
     let (method, path) =
@@ -206,9 +222,10 @@ fn serve(mut stream: impl Read + Write, state: &Mutex<State>) {
     }
     let if_none_match = headers.iter().find(|(name, _)| name == "if-none-match").map(|(_, v)| v.clone());
     let length = headers.iter().find(|(name, _)| name == "content-length").and_then(|(_, v)| v.parse().ok());
+    let keep_alive = !headers.iter().any(|(name, v)| name == "connection" && v.eq_ignore_ascii_case("close"));
     let mut request_body = vec![0; length.unwrap_or(0)];
     if reader.read_exact(&mut request_body).is_err() {
-        return;
+        return false;
     }
     let fence = headers.iter().find(|(name, _)| name == "pulse-fence").map(|(_, v)| v.clone());
     let post = method == "POST";
@@ -238,7 +255,7 @@ fn serve(mut stream: impl Read + Write, state: &Mutex<State>) {
             .and_then(|()| writer.flush());
         std::thread::sleep(Duration::from_millis(ms.parse().unwrap_or(0)));
         let _ = writer.write_all(b"drip\n").and_then(|()| writer.flush());
-        return;
+        return false;
     }
     let (status, body, etag) = if route.starts_with("/fenced/") && post {
         let (status, body) = judge(state, &path, fence, request_body);
@@ -264,13 +281,17 @@ fn serve(mut stream: impl Read + Write, state: &Mutex<State>) {
         ("404 Not Found", b"no such path".to_vec(), None)
     };
     let etag = etag.map(|etag| format!("etag: {etag}\r\n")).unwrap_or_default();
-    let head =
-        format!("HTTP/1.1 {status}\r\ncontent-length: {}\r\n{etag}connection: close\r\n\r\n", body.len());
+    let connection = if keep_alive { "keep-alive" } else { "close" };
+    let head = format!(
+        "HTTP/1.1 {status}\r\ncontent-length: {}\r\n{etag}connection: {connection}\r\n\r\n",
+        body.len()
+    );
     let writer = reader.get_mut();
-    let _ = writer
+    let written = writer
         .write_all(head.as_bytes())
         .and_then(|()| writer.write_all(&body))
         .and_then(|()| writer.flush());
+    keep_alive && written.is_ok()
 }
 
 /// Judges a write to a `/fenced/` path as a service honouring fences does:

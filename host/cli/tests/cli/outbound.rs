@@ -325,3 +325,35 @@ fn requests_sent_and_denied_are_counted_by_plugin_host_and_status() {
     assert_eq!(elsewhere.received().len(), 0);
     drop(host);
 }
+
+#[test]
+fn a_job_polling_an_endpoint_reuses_its_connection_and_each_request_carries_its_fence() {
+    let endpoints = HttpServer::start();
+    endpoints.set("/kept", b"same body");
+    let server = RedisServer::start();
+    let redis = Some(server.url());
+    let dir = tempfile::tempdir().unwrap();
+    let plugin = format!("allowed_outbound_hosts = [\"http://{}\"]", endpoints.address());
+    let config = write_config(dir.path(), &[("fetcher", FETCHER, &plugin)], "");
+    let host = Host::start(&config, redis);
+    wait_for_workers(&config, redis, "fetcher", 1);
+    let payload = format!("{} 50", endpoints.url("/kept"));
+    let (code, out) = cli(&config, redis, &["dispatch", "--pool", "fetcher", "kept", "--payload", &payload]);
+    assert_eq!((code, out.as_str()), (0, "started"));
+    eventually("the job polled 20 times", || endpoints.count("/kept") >= 20);
+    let polls = endpoints.count("/kept");
+    // A server may close an idle connection (here it never does), and a
+    // request started while the last answer's body is still being read
+    // opens another: a few at most, not one per request.
+    assert!(endpoints.connections() <= 3, "{} connections for {polls} requests", endpoints.connections());
+    let fences: Vec<Option<String>> = endpoints
+        .received()
+        .iter()
+        .map(|r| r.headers.iter().find(|(name, _)| name == "pulse-fence").map(|(_, v)| v.clone()))
+        .collect();
+    assert!(
+        fences.iter().all(|fence| fence.as_deref().is_some_and(|f| f.starts_with("fetcher/kept/"))),
+        "every request carries the job's fence: {fences:?}"
+    );
+    drop(host);
+}

@@ -20,6 +20,7 @@
 //! - `send`: the connection, TLS (webpki roots plus a plugin's CA file)
 //!   and the timeouts of one request.
 
+mod pool;
 mod rules;
 mod send;
 
@@ -30,6 +31,7 @@ use std::time::Duration;
 use tracing::Instrument as _;
 use wasmtime_wasi_http::{Error as HttpError, RequestOptions, WasiBody, WasiHttpHooks};
 
+pub(crate) use pool::Connections;
 pub use rules::{AllowedHost, AllowedHostError};
 use send::{Bounds, FENCE_CHECK, Sent, StillRuns};
 pub use send::{OutboundTls, OutboundTlsError};
@@ -122,18 +124,21 @@ pub(crate) struct OutboundHooks {
     in_flight: Arc<AtomicU32>,
     metrics: Arc<PluginMetrics>,
     plugin: Arc<str>,
+    /// The plugin's idle connections.
+    connections: Arc<Connections>,
 }
 
 impl OutboundHooks {
     pub(crate) fn new(
         plugin: &str,
-        rules: Arc<Outbound>,
+        (rules, connections): (Arc<Outbound>, Arc<Connections>),
         outputs: Arc<dyn JobOutputs>,
         metrics: Arc<PluginMetrics>,
         fenced: bool,
     ) -> Self {
         Self {
             rules,
+            connections,
             outputs,
             current: String::new(),
             fenced,
@@ -202,6 +207,7 @@ impl WasiHttpHooks for OutboundHooks {
         let traced = client_span(&request);
         pulse_telemetry::inject(&traced, request.headers_mut());
         let rules = self.rules.clone();
+        let connections = self.connections.clone();
         // The fence of a request in flight, from sending until its body is
         // read: told and counted once when it falls.
         let still_runs = fenced.then(|| {
@@ -242,7 +248,7 @@ impl WasiHttpHooks for OutboundHooks {
                 }
             };
             let sent = tokio::select! {
-                sent = send::send(request, bounds, &rules.tls).instrument(traced.clone()) => sent,
+                sent = send::send(request, bounds, &rules.tls, &connections).instrument(traced.clone()) => sent,
                 () = fence => return Err(HttpError::HttpRequestDenied),
             };
             traced_response(&traced, &sent);

@@ -1,15 +1,14 @@
-//! Sending an allowed request: one connection per request (HTTP/1.1,
-//! through rustls for `https`), each step within its timeout, and a body
-//! within its size.
+//! Sending an allowed request: over a kept-alive connection of the plugin
+//! to the same destination, or a new one (HTTP/1.1, through rustls for
+//! `https`), each step within its timeout, and a body within its size.
 //!
 //! The same steps as wasmtime-wasi-http's `default_send_request`, with the
 //! TLS configuration built once per plugin rather than per request, and
 //! with the certificate authorities of the plugin's `outbound_ca_file`
 //! trusted beside the webpki roots.
 
-use std::future::poll_fn;
 use std::path::{Path, PathBuf};
-use std::pin::{Pin, pin};
+use std::pin::Pin;
 use std::sync::{Arc, LazyLock};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
@@ -22,6 +21,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use wasmtime_wasi_http::io::TokioIo;
 use wasmtime_wasi_http::{Error as HttpError, WasiBody};
+
+use super::pool::{Connections, Destination};
 
 /// The certificate authorities a plugin's HTTPS requests trust: the webpki
 /// roots, and those of its `outbound_ca_file` if it has one.
@@ -128,15 +129,20 @@ pub(super) type Sent = Box<dyn Future<Output = Result<(), HttpError>> + Send>;
 trait Io: AsyncRead + AsyncWrite + Send + Sync + Unpin + 'static {}
 impl<T: AsyncRead + AsyncWrite + Send + Sync + Unpin + 'static> Io for T {}
 
+/// A request's body as it is sent: the guest's, within its size.
+pub(crate) type RequestBody = http_body_util::combinators::UnsyncBoxBody<Bytes, HttpError>;
+
 /// Sends `request` to the authority of its URI (already checked against
-/// the allow-list) and returns the response's head with its body, and the
-/// connection's own end. A request whose body is declared larger than
-/// `bounds.request_bytes` is not sent; one whose body streams past it is
-/// cut off.
+/// the allow-list) over an idle connection of `connections` or a new one,
+/// and returns the response's head with its body; the connection goes
+/// back to `connections` once that body is read. A request whose body is
+/// declared larger than `bounds.request_bytes` is not sent; one whose
+/// body streams past it is cut off.
 pub(super) async fn send(
     request: http::Request<WasiBody>,
     bounds: Bounds,
     tls: &OutboundTls,
+    connections: &Arc<Connections>,
 ) -> Result<(http::Response<WasiBody>, Sent), HttpError> {
     let limit = bounds.request_bytes;
     let too_large = || HttpError::HttpRequestBodySize(Some(limit));
@@ -155,17 +161,70 @@ pub(super) async fn send(
     let https = uri.scheme() == Some(&http::uri::Scheme::HTTPS);
     let host = authority.host().to_owned();
     let port = authority.port_u16().unwrap_or(if https { 443 } else { 80 });
+    // The request line names the path only: scheme and authority are for
+    // a proxy.
+    let path = request.uri().path_and_query().map_or("/", |p| p.as_str()).to_owned();
+    *request.uri_mut() =
+        http::Uri::builder().path_and_query(path).build().map_err(|_| HttpError::HttpRequestUriInvalid)?;
+    let to = Destination { https, host, port };
+    let mut sender = match connections.take(&to) {
+        Some(idle) => idle,
+        None => connect(&to, tls, bounds.connect).await?,
+    };
+    loop {
+        // Checked again just before the request is written: connecting may
+        // have spanned a freeze of the process after which the job runs
+        // elsewhere, and on resuming the write could beat the fence's timer.
+        if let Some(still_runs) = &bounds.still_runs
+            && !still_runs()
+        {
+            return Err(HttpError::HttpRequestDenied);
+        }
+        let sent = tokio::time::timeout(bounds.first_byte, sender.try_send_request(request))
+            .await
+            .map_err(|_| HttpError::ConnectionReadTimeout)?;
+        match sent {
+            Ok(response) => {
+                connections.keep(to, sender);
+                let response = response.map(|incoming| Bounded::new(incoming, bounds).boxed_unsync());
+                // The connection runs on a task of its own (it outlives
+                // the request when it is kept): nothing left to drive.
+                let rest: Sent = Box::new(std::future::ready(Ok(())));
+                return Ok((response, rest));
+            }
+            Err(mut error) => match error.take_message() {
+                // Not written: the connection was closed while it waited
+                // (the server's keep-alive ran out). Again on a new one.
+                Some(unsent) if error.error().is_canceled() || error.error().is_closed() => {
+                    request = unsent;
+                    sender = connect(&to, tls, bounds.connect).await?;
+                }
+                _ => return Err(request_error(error.into_error(), limit)),
+            },
+        }
+    }
+}
+
+/// A new connection to `to`: name resolution, TCP and TLS within one
+/// `timeout`, then the HTTP/1.1 handshake; the connection is driven on a
+/// task of its own until it closes.
+async fn connect(
+    to: &Destination,
+    tls: &OutboundTls,
+    timeout: Duration,
+) -> Result<hyper::client::conn::http1::SendRequest<RequestBody>, HttpError> {
+    let Destination { https, host, port } = to;
     // An IPv6 address keeps its brackets in the URI, not in the name.
     let bare = host.trim_start_matches('[').trim_end_matches(']').to_owned();
     // One deadline for every step of connecting, so that a slow TCP
     // connection leaves the TLS handshake only what remains of it.
-    let deadline = tokio::time::Instant::now() + bounds.connect;
-    let tcp = match tokio::time::timeout_at(deadline, TcpStream::connect((bare.as_str(), port))).await {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let tcp = match tokio::time::timeout_at(deadline, TcpStream::connect((bare.as_str(), *port))).await {
         Ok(tcp) => tcp.map_err(HttpError::Connect)?,
         Err(_) => return Err(HttpError::ConnectionTimeout),
     };
     let _ = tcp.set_nodelay(true);
-    let stream: Box<dyn Io> = if https {
+    let stream: Box<dyn Io> = if *https {
         let name = match bare.parse::<std::net::IpAddr>() {
             Ok(ip) => ServerName::from(ip),
             Err(_) => ServerName::try_from(bare).map_err(|_| HttpError::HttpRequestUriInvalid)?,
@@ -183,53 +242,14 @@ pub(super) async fn send(
         Box::new(tcp)
     };
     let handshake = hyper::client::conn::http1::Builder::new().handshake(TokioIo::new(stream));
-    let (mut sender, connection) =
+    let (sender, connection) =
         tokio::time::timeout_at(deadline, handshake).await.map_err(|_| HttpError::ConnectionTimeout)??;
-    // Checked again just before the request is written: connecting may
-    // have spanned a freeze of the process after which the job runs
-    // elsewhere, and on resuming the write could beat the fence's timer.
-    if let Some(still_runs) = &bounds.still_runs
-        && !still_runs()
-    {
-        return Err(HttpError::HttpRequestDenied);
-    }
-    // The request line names the path only: scheme and authority are for
-    // a proxy.
-    let path = request.uri().path_and_query().map_or("/", |p| p.as_str()).to_owned();
-    *request.uri_mut() =
-        http::Uri::builder().path_and_query(path).build().map_err(|_| HttpError::HttpRequestUriInvalid)?;
-
-    let response = async move {
-        let response = tokio::time::timeout(bounds.first_byte, sender.send_request(request))
-            .await
-            .map_err(|_| HttpError::ConnectionReadTimeout)?
-            .map_err(|error| request_error(error, limit))?;
-        Ok::<_, HttpError>(response)
-    };
-    let mut response = pin!(response);
-    let mut connection = Some(connection);
-    // The response, while the connection's I/O is driven.
-    let response = poll_fn(|cx| match response.as_mut().poll(cx) {
-        Poll::Ready(answer) => Poll::Ready(answer),
-        Poll::Pending => {
-            let Some(driving) = connection.as_mut() else { return Poll::Pending };
-            let ended = ready!(Pin::new(driving).poll(cx));
-            connection = None;
-            match ended {
-                Ok(()) => response.as_mut().poll(cx),
-                Err(error) => Poll::Ready(Err(request_error(error, limit))),
-            }
+    tokio::spawn(async move {
+        if let Err(error) = connection.await {
+            tracing::debug!(error = %error, "an outgoing connection ended with an error");
         }
-    })
-    .await?;
-    let response = response.map(|incoming| Bounded::new(incoming, bounds).boxed_unsync());
-    let rest: Sent = Box::new(async move {
-        let Some(connection) = connection else { return Ok(()) };
-        connection.await.map_err(|error| {
-            if error.is_timeout() { HttpError::HttpResponseTimeout } else { HttpError::from(error) }
-        })
     });
-    Ok((response, rest))
+    Ok(sender)
 }
 
 /// The wasi-http error of a request that failed while it was sent:
@@ -427,7 +447,8 @@ mod tests {
         };
         let request = post(address, Frames(5).boxed_unsync(), None);
         let tls = OutboundTls::default();
-        let (sent, received) = tokio::join!(send(request, bounds(3000), &tls), server);
+        let connections = Arc::default();
+        let (sent, received) = tokio::join!(send(request, bounds(3000), &tls, &connections), server);
         assert!(
             matches!(sent, Err(HttpError::HttpRequestBodySize(Some(3000)))),
             "{:?}",
@@ -441,7 +462,7 @@ mod tests {
         // Nothing listens there: a connection attempt would fail otherwise.
         let address = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
         let request = post(address, Frames(5).boxed_unsync(), Some(5 * 1024));
-        let sent = send(request, bounds(3000), &OutboundTls::default()).await;
+        let sent = send(request, bounds(3000), &OutboundTls::default(), &Arc::default()).await;
         assert!(
             matches!(sent, Err(HttpError::HttpRequestBodySize(Some(3000)))),
             "{:?}",
