@@ -10,7 +10,9 @@
 //!
 //! Paths (a query is ignored): `/slow/MS` answers after MS milliseconds;
 //! `/drip/MS` sends the head at once and the body (`drip`) after MS
-//! milliseconds; `/big/N` answers N
+//! milliseconds; `/closing/…` answers its set body as any other path,
+//! offering to keep the connection alive, then closes it 20 ms later (a
+//! server whose keep-alive timeout runs out); `/big/N` answers N
 //! bytes; `/echo` answers the request's body; any other path answers the
 //! body set with [`HttpServer::set`] (404 when none), with an `ETag` (304
 //! to a matching `If-None-Match`).
@@ -291,6 +293,10 @@ fn serve_one<S: Read + Write>(reader: &mut BufReader<S>, state: &Mutex<State>) -
         .write_all(head.as_bytes())
         .and_then(|()| writer.write_all(&body))
         .and_then(|()| writer.flush());
+    if route.starts_with("/closing/") {
+        std::thread::sleep(Duration::from_millis(20));
+        return false;
+    }
     keep_alive && written.is_ok()
 }
 

@@ -357,3 +357,24 @@ fn a_job_polling_an_endpoint_reuses_its_connection_and_each_request_carries_its_
     );
     drop(host);
 }
+
+#[test]
+fn a_kept_connection_the_server_closed_is_not_used_again() {
+    let endpoints = HttpServer::start();
+    endpoints.set("/closing/a", b"same body");
+    let server = RedisServer::start();
+    let redis = Some(server.url());
+    let dir = tempfile::tempdir().unwrap();
+    let plugin = format!("allowed_outbound_hosts = [\"http://{}\"]", endpoints.address());
+    let config = write_config(dir.path(), &[("fetcher", FETCHER, &plugin)], "");
+    let host = Host::start(&config, redis);
+    wait_for_workers(&config, redis, "fetcher", 1);
+    let payload = format!("{} 100", endpoints.url("/closing/a"));
+    let (code, out) = cli(&config, redis, &["dispatch", "--pool", "fetcher", "a", "--payload", &payload]);
+    assert_eq!((code, out.as_str()), (0, "started"));
+    eventually("the job polled 10 times", || endpoints.count("/closing/a") >= 10);
+    // Every poll answered: the body once, never an error.
+    assert_eq!(emitted(&config, redis).get("a"), Some(&vec!["200 same body".to_owned()]));
+    assert!(endpoints.connections() >= 10, "a connection per request: the server closed each");
+    drop(host);
+}

@@ -167,9 +167,9 @@ pub(super) async fn send(
     *request.uri_mut() =
         http::Uri::builder().path_and_query(path).build().map_err(|_| HttpError::HttpRequestUriInvalid)?;
     let to = Destination { https, host, port };
-    let mut sender = match connections.take(&to) {
-        Some(idle) => idle,
-        None => connect(&to, tls, bounds.connect).await?,
+    let (mut sender, mut reused) = match connections.take(&to) {
+        Some(idle) => (idle, true),
+        None => (connect(&to, tls, bounds.connect).await?, false),
     };
     loop {
         // Checked again just before the request is written: connecting may
@@ -193,11 +193,13 @@ pub(super) async fn send(
                 return Ok((response, rest));
             }
             Err(mut error) => match error.take_message() {
-                // Not written: the connection was closed while it waited
-                // (the server's keep-alive ran out). Again on a new one.
-                Some(unsent) if error.error().is_canceled() || error.error().is_closed() => {
+                // Not written on a kept connection: it was closed while it
+                // waited (the server's keep-alive ran out). Again, once,
+                // on a new one.
+                Some(unsent) if reused => {
                     request = unsent;
                     sender = connect(&to, tls, bounds.connect).await?;
+                    reused = false;
                 }
                 _ => return Err(request_error(error.into_error(), limit)),
             },
