@@ -39,11 +39,11 @@ local after_payload = ns('0') .. ns('') .. ns(trace)
 -- A traced job keeps its dispatch's traceparent in its record: a later
 -- start (after a move or a wait in the queue) continues that trace, and
 -- notifications link to it. An untraced one writes nothing more.
-local function keep(record, ...)
+local function keep(record, payload, created)
   if trace == '' then
-    redis.call('HSET', record, ...)
+    redis.call('HSET', record, 'payload', payload, 'created', created, 'attempt', '1')
   else
-    redis.call('HSET', record, 'trace', trace, ...)
+    redis.call('HSET', record, 'payload', payload, 'created', created, 'attempt', '1', 'trace', trace)
   end
 end
 local answers, claimed = {}, {}
@@ -57,7 +57,7 @@ for i = 1, n do
     redis.call('HDEL', jobs, key)
     answers[i] = {'full'}
   elseif worker == '' then
-    keep(record, 'payload', payload, 'created', now_ms(), 'attempt', '1')
+    keep(record, payload, now_ms())
     claimed[#claimed + 1] = key
     answers[i] = {'queued'}
   else
@@ -69,7 +69,7 @@ for i = 1, n do
       .. ns_head(#request) .. request .. ',' .. after_request .. ns_head(#payload) .. payload .. ','
       .. after_payload
     local id = redis.call('XADD', KEYS[5], '*', 'n', 'start', 'p', event)
-    keep(record, 'payload', payload, 'created', string.match(id, '^(%d+)'), 'attempt', '1')
+    keep(record, payload, string.match(id, '^(%d+)'))
     claimed[#claimed + 1] = key
     answers[i] = {'sent', token}
   end

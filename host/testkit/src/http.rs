@@ -122,6 +122,7 @@ impl HttpServer {
         std::thread::spawn(move || {
             for stream in listener.incoming() {
                 let (Ok(stream), Some(state)) = (stream, shared.upgrade()) else { return };
+                let _ = stream.set_nodelay(true);
                 lock(&state).connections += 1;
                 let tls = tls.clone();
                 std::thread::spawn(move || match tls {
@@ -288,11 +289,12 @@ fn serve_one<S: Read + Write>(reader: &mut BufReader<S>, state: &Mutex<State>) -
         "HTTP/1.1 {status}\r\ncontent-length: {}\r\n{etag}connection: {connection}\r\n\r\n",
         body.len()
     );
+    // One write: a head and a body written apart on a kept connection
+    // would wait for the client's delayed acknowledgement (Nagle).
+    let mut answer = head.into_bytes();
+    answer.extend_from_slice(&body);
     let writer = reader.get_mut();
-    let written = writer
-        .write_all(head.as_bytes())
-        .and_then(|()| writer.write_all(&body))
-        .and_then(|()| writer.flush());
+    let written = writer.write_all(&answer).and_then(|()| writer.flush());
     if route.starts_with("/closing/") {
         std::thread::sleep(Duration::from_millis(20));
         return false;
