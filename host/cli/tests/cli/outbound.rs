@@ -326,20 +326,38 @@ fn requests_sent_and_denied_are_counted_by_plugin_host_and_status() {
     drop(host);
 }
 
+/// One host serving `fetcher`, and job `key` polling `path` of `endpoints`
+/// (which answers `body` there) every `interval_ms`.
+struct OneJob {
+    endpoints: HttpServer,
+    config: std::path::PathBuf,
+    _host: Host,
+    _dir: tempfile::TempDir,
+    server: RedisServer,
+}
+
+impl OneJob {
+    fn start(key: &str, path: &str, interval_ms: u64) -> Self {
+        let endpoints = HttpServer::start();
+        endpoints.set(path, b"same body");
+        let server = RedisServer::start();
+        let redis = Some(server.url());
+        let dir = tempfile::tempdir().unwrap();
+        let plugin = format!("allowed_outbound_hosts = [\"http://{}\"]", endpoints.address());
+        let config = write_config(dir.path(), &[("fetcher", FETCHER, &plugin)], "");
+        let host = Host::start(&config, redis);
+        wait_for_workers(&config, redis, "fetcher", 1);
+        let payload = format!("{} {interval_ms}", endpoints.url(path));
+        let (code, out) = cli(&config, redis, &["dispatch", "--pool", "fetcher", key, "--payload", &payload]);
+        assert_eq!((code, out.as_str()), (0, "started"));
+        Self { endpoints, config, _host: host, _dir: dir, server }
+    }
+}
+
 #[test]
 fn a_job_polling_an_endpoint_reuses_its_connection_and_each_request_carries_its_fence() {
-    let endpoints = HttpServer::start();
-    endpoints.set("/kept", b"same body");
-    let server = RedisServer::start();
-    let redis = Some(server.url());
-    let dir = tempfile::tempdir().unwrap();
-    let plugin = format!("allowed_outbound_hosts = [\"http://{}\"]", endpoints.address());
-    let config = write_config(dir.path(), &[("fetcher", FETCHER, &plugin)], "");
-    let host = Host::start(&config, redis);
-    wait_for_workers(&config, redis, "fetcher", 1);
-    let payload = format!("{} 50", endpoints.url("/kept"));
-    let (code, out) = cli(&config, redis, &["dispatch", "--pool", "fetcher", "kept", "--payload", &payload]);
-    assert_eq!((code, out.as_str()), (0, "started"));
+    let job = OneJob::start("kept", "/kept", 50);
+    let endpoints = &job.endpoints;
     eventually("the job polled 20 times", || endpoints.count("/kept") >= 20);
     let polls = endpoints.count("/kept");
     // A server may close an idle connection (here it never does), and a
@@ -355,26 +373,16 @@ fn a_job_polling_an_endpoint_reuses_its_connection_and_each_request_carries_its_
         fences.iter().all(|fence| fence.as_deref().is_some_and(|f| f.starts_with("fetcher/kept/"))),
         "every request carries the job's fence: {fences:?}"
     );
-    drop(host);
 }
 
 #[test]
 fn a_kept_connection_the_server_closed_is_not_used_again() {
-    let endpoints = HttpServer::start();
-    endpoints.set("/closing/a", b"same body");
-    let server = RedisServer::start();
-    let redis = Some(server.url());
-    let dir = tempfile::tempdir().unwrap();
-    let plugin = format!("allowed_outbound_hosts = [\"http://{}\"]", endpoints.address());
-    let config = write_config(dir.path(), &[("fetcher", FETCHER, &plugin)], "");
-    let host = Host::start(&config, redis);
-    wait_for_workers(&config, redis, "fetcher", 1);
-    let payload = format!("{} 100", endpoints.url("/closing/a"));
-    let (code, out) = cli(&config, redis, &["dispatch", "--pool", "fetcher", "a", "--payload", &payload]);
-    assert_eq!((code, out.as_str()), (0, "started"));
-    eventually("the job polled 10 times", || endpoints.count("/closing/a") >= 10);
+    let job = OneJob::start("a", "/closing/a", 100);
+    eventually("the job polled 10 times", || job.endpoints.count("/closing/a") >= 10);
     // Every poll answered: the body once, never an error.
-    assert_eq!(emitted(&config, redis).get("a"), Some(&vec!["200 same body".to_owned()]));
-    assert!(endpoints.connections() >= 10, "a connection per request: the server closed each");
-    drop(host);
+    assert_eq!(
+        emitted(&job.config, Some(job.server.url())).get("a"),
+        Some(&vec!["200 same body".to_owned()])
+    );
+    assert!(job.endpoints.connections() >= 10, "a connection per request: the server closed each");
 }
