@@ -443,37 +443,10 @@ pub(crate) fn describe_job(job: &pulse_pool::JobInfo) -> String {
         job.reason.as_ref().map(|r| format!(", failed: {r}")).unwrap_or_default()
     );
     for event in &job.history {
-        text.push_str(&format!("\n  {}  {}", utc(event.at_ms), event.event));
+        text.push_str(&format!("\n  {}  {}", pulse_oci::rfc3339(event.at_ms), event.event));
         if let Some(worker) = &event.worker {
             text.push_str(&format!(" {worker}"));
         }
     }
     text
-}
-
-/// `ms` since the Unix epoch as `YYYY-MM-DD HH:MM:SS.mmm` (UTC).
-fn utc(ms: u64) -> String {
-    let (days, rest) = (ms / 86_400_000, ms % 86_400_000);
-    // Days to a civil date (H. Hinnant's algorithm), from 1970-01-01.
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    let (h, m, s, milli) = (rest / 3_600_000, rest / 60_000 % 60, rest / 1_000 % 60, rest % 1_000);
-    format!("{year:04}-{month:02}-{day:02} {h:02}:{m:02}:{s:02}.{milli:03}")
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn times_read_as_utc() {
-        assert_eq!(super::utc(0), "1970-01-01 00:00:00.000");
-        assert_eq!(super::utc(1_796_425_338_237), "2026-12-04 23:02:18.237");
-        assert_eq!(super::utc(951_782_400_001), "2000-02-29 00:00:00.001");
-    }
 }

@@ -26,7 +26,7 @@ mod signature;
 mod store;
 
 pub use client::{Client, Credentials};
-pub use push::{Interfaces, Pushed, push};
+pub use push::{Interfaces, Pushed, push, rfc3339};
 pub use reference::{Reference, SCHEME, is_reference};
 pub use signature::{PublicKey, SigningKey, sign};
 pub use store::{Pulled, Store};

@@ -170,10 +170,14 @@ fn rfc3339_now() -> String {
     let seconds = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |elapsed| elapsed.as_secs());
-    rfc3339(seconds)
+    rfc3339(seconds * 1_000)
 }
 
-fn rfc3339(seconds: u64) -> String {
+/// `ms` since the Unix epoch as an RFC 3339 UTC time:
+/// `YYYY-MM-DDTHH:MM:SSZ`, with `.mmm` before the `Z` when `ms` is not a
+/// whole second.
+pub fn rfc3339(ms: u64) -> String {
+    let (seconds, milli) = (ms / 1_000, ms % 1_000);
     let (days, rest) = (seconds / 86_400, seconds % 86_400);
     // Days to a civil date (Howard Hinnant's algorithm).
     let z = days as i64 + 719_468;
@@ -185,7 +189,13 @@ fn rfc3339(seconds: u64) -> String {
     let day = day_of_year - (153 * mp + 2) / 5 + 1;
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
     let year = year_of_era + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", rest / 3600, rest % 3600 / 60, rest % 60)
+    let fraction = if milli == 0 { String::new() } else { format!(".{milli:03}") };
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}{fraction}Z",
+        rest / 3600,
+        rest % 3600 / 60,
+        rest % 60
+    )
 }
 
 #[cfg(test)]
@@ -193,7 +203,9 @@ mod tests {
     #[test]
     fn times_print_as_rfc3339() {
         assert_eq!(super::rfc3339(0), "1970-01-01T00:00:00Z");
-        assert_eq!(super::rfc3339(951_782_400), "2000-02-29T00:00:00Z");
-        assert_eq!(super::rfc3339(1_796_395_845), "2026-12-04T14:50:45Z");
+        assert_eq!(super::rfc3339(951_782_400_000), "2000-02-29T00:00:00Z");
+        assert_eq!(super::rfc3339(951_782_400_001), "2000-02-29T00:00:00.001Z");
+        assert_eq!(super::rfc3339(1_796_395_845_000), "2026-12-04T14:50:45Z");
+        assert_eq!(super::rfc3339(1_796_425_338_237), "2026-12-04T23:02:18.237Z");
     }
 }
