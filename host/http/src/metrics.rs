@@ -105,6 +105,12 @@ const METRICS: &[(&str, Kind, Option<metrics::Unit>, &str)] = {
             Some(Seconds),
             "Time to instantiate a plugin (pre-instantiated component)",
         ),
+        (
+            "pulse_plugin_timer_lateness_seconds",
+            Histogram,
+            Some(Seconds),
+            "How long after its due time a timer's on-timer call began",
+        ),
         ("pulse_plugin_memory_bytes", Gauge, Some(Bytes), "Linear memory of a plugin's live instances"),
         ("pulse_plugin_instances", Gauge, None, "Live instances of a plugin"),
         (

@@ -55,6 +55,8 @@ pub(crate) enum Command {
         key: String,
         name: String,
         generation: u64,
+        /// When the tick was due.
+        due: tokio::time::Instant,
     },
     /// Drop the job without calling into it.
     Abandon {
@@ -125,7 +127,9 @@ impl Actor {
                     };
                     self.answer(&key, answer, reply).await;
                 }
-                Command::Timer { key, name, generation } => self.tick(&key, &name, generation).await,
+                Command::Timer { key, name, generation, due } => {
+                    self.tick(&key, &name, generation, due).await
+                }
                 Command::Abandon { key } => {
                     if let Some(live) = self.live.as_mut() {
                         live.drop_job(&key);
@@ -207,15 +211,16 @@ impl Actor {
         result
     }
 
-    async fn tick(&mut self, key: &str, name: &str, generation: u64) {
+    async fn tick(&mut self, key: &str, name: &str, generation: u64, due: tokio::time::Instant) {
         if !self.outputs.may_run(key) {
             return; // the job is about to be dropped: its timers run no more
         }
         let Some(live) = self.live.as_mut() else { return };
-        let due = live.jobs().get_mut(key).is_some_and(|slot| slot.take_tick(name, generation));
-        if !due {
+        let armed = live.jobs().get_mut(key).is_some_and(|slot| slot.take_tick(name, generation));
+        if !armed {
             return; // cancelled, replaced, or the job is gone
         }
+        live.timer_late(due.elapsed());
         match live.call(GuestCall::Timer(key, name)).await {
             Ok(()) => {}
             Err(error) if !error.ends_job() => {

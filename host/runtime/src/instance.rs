@@ -179,6 +179,11 @@ impl Instance {
         self.jobs().remove(key);
     }
 
+    /// Records a timer's call beginning `late` after its due time.
+    pub(crate) fn timer_late(&self, late: std::time::Duration) {
+        self.metrics.timer_late(late);
+    }
+
     /// What the instance's jobs may still log.
     pub(crate) fn log_gate(&self) -> Arc<LogGate> {
         self.store.data().log_gate.clone()

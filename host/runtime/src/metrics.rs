@@ -11,6 +11,9 @@
 //! - `pulse_plugin_call_seconds`: a histogram of guest calls (those
 //!   counted in `pulse_plugin_calls_total`), whatever their outcome.
 //! - `pulse_plugin_instantiate_seconds`: a histogram.
+//! - `pulse_plugin_timer_lateness_seconds`: a histogram of how long after
+//!   its due time a timer's `on-timer` call began (the time it waited for
+//!   the instance's earlier calls and for a thread).
 //! - `pulse_plugin_memory_bytes`: linear memory of the live instances.
 //! - `pulse_plugin_instances`: live instances.
 //! - `pulse_plugin_log_lines_dropped_total`: log lines of its jobs dropped
@@ -43,6 +46,7 @@ pub(crate) struct PluginMetrics {
     calls: Vec<[Counter; OUTCOMES.len()]>,
     call_seconds: Histogram,
     instantiate: Histogram,
+    timer_lateness: Histogram,
     pub(crate) memory: Gauge,
     pub(crate) instances: Gauge,
     /// `pulse_plugin_log_lines_dropped_total`: lines over a job's log rate.
@@ -82,6 +86,10 @@ impl PluginMetrics {
             calls,
             call_seconds: metrics::histogram!("pulse_plugin_call_seconds", "plugin" => plugin.to_owned()),
             instantiate: metrics::histogram!("pulse_plugin_instantiate_seconds", "plugin" => plugin.to_owned()),
+            timer_lateness: metrics::histogram!(
+                "pulse_plugin_timer_lateness_seconds",
+                "plugin" => plugin.to_owned()
+            ),
             memory: metrics::gauge!("pulse_plugin_memory_bytes", "plugin" => plugin.to_owned()),
             instances: metrics::gauge!("pulse_plugin_instances", "plugin" => plugin.to_owned()),
             log_dropped: metrics::counter!("pulse_plugin_log_lines_dropped_total", "plugin" => plugin.to_owned()),
@@ -128,6 +136,11 @@ impl PluginMetrics {
         )
         .increment(1);
         self.http_seconds.record(took.as_secs_f64());
+    }
+
+    /// Records a timer's call beginning `late` after its due time.
+    pub(crate) fn timer_late(&self, late: std::time::Duration) {
+        self.timer_lateness.record(late.as_secs_f64());
     }
 
     pub(crate) fn instantiated(&self, took: std::time::Duration) {

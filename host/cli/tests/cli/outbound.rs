@@ -323,6 +323,29 @@ fn requests_sent_and_denied_are_counted_by_plugin_host_and_status() {
         "{text}"
     );
     assert_eq!(elsewhere.received().len(), 0);
+    // A job polling every 20 ms: its timer's calls are counted with how
+    // late they began.
+    let payload = format!("{} 20", endpoints.url("/ok"));
+    let (code, out) =
+        cli(&config, redis, &["dispatch", "--pool", "fetcher", "ticking", "--payload", &payload]);
+    assert_eq!((code, out.as_str()), (0, "started"));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let ticks =
+        |text: &str| metric(text, "pulse_plugin_timer_lateness_seconds_count", &["plugin=\"fetcher\""]);
+    let mut text = metrics(api);
+    while ticks(&text).is_none_or(|n| n < 3.0) {
+        assert!(std::time::Instant::now() < deadline, "no 3 timer calls counted in 60 s: {text}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        text = metrics(api);
+    }
+    // Each within the largest finite bucket (10 s).
+    let within = text
+        .lines()
+        .filter(|line| line.starts_with("pulse_plugin_timer_lateness_seconds_bucket{"))
+        .filter(|line| line.contains("plugin=\"fetcher\"") && !line.contains("+Inf"))
+        .filter_map(|line| line.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .fold(0.0, f64::max);
+    assert!(within >= 3.0, "{text}");
     drop(host);
 }
 

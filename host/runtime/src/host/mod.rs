@@ -139,7 +139,8 @@ impl HostState {
             loop {
                 tokio::time::sleep_until(next).await;
                 let Some(commands) = commands.upgrade() else { return };
-                let tick = Command::Timer { key: tick_key.clone(), name: tick_name.clone(), generation };
+                let tick =
+                    Command::Timer { key: tick_key.clone(), name: tick_name.clone(), generation, due: next };
                 if commands.send(tick).await.is_err() || !repeat {
                     return;
                 }
