@@ -115,6 +115,7 @@ pub(crate) fn runtime_config(config: &Config) -> RuntimeConfig {
     let runtime_config = RuntimeConfig::default()
         .max_instances(config.runtime.max_instances)
         .max_memory_per_instance(config.runtime.max_memory_per_instance)
+        .memory_reservation(config.runtime.memory_reservation)
         .fuel(config.runtime.fuel);
     // Compiled code goes to a folder of its own: wasmtime's cache cleans
     // its folder of files it did not write, such as pulled components

@@ -173,6 +173,9 @@ pub struct RuntimeConfig {
     pub max_instances: u32,
     /// `max_memory_per_instance`, bytes.
     pub max_memory_per_instance: u64,
+    /// `memory_reservation`, bytes: the address space each instance's
+    /// memory reserves.
+    pub memory_reservation: u64,
     /// `cache_dir`.
     pub cache_dir: Option<PathBuf>,
     /// `fuel`.

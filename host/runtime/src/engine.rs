@@ -147,6 +147,11 @@ impl RuntimeConfig {
         self.max_memory_per_instance
     }
 
+    /// The address space reserved per instance memory, in bytes.
+    pub fn reservation(&self) -> u64 {
+        self.memory_reservation
+    }
+
     /// Checks that the pool fits this machine: its address space within
     /// `ADDRESS_SPACE_BUDGET` and its memory mappings within the kernel's
     /// `vm.max_map_count`.

@@ -40,7 +40,7 @@ const EVENTS_RETENTION: RangeInclusive<u64> = 1..=10_000_000;
 const EVENTS_MAX_BYTES: RangeInclusive<u64> = 1..=(16 << 30);
 const LEASE_TTL: RangeInclusive<Duration> = millis(400)..=secs(3600);
 const SHUTDOWN_TIMEOUT: RangeInclusive<Duration> = millis(100)..=secs(3600);
-const MAX_INSTANCES: RangeInclusive<u64> = 1..=100_000;
+const MAX_INSTANCES: RangeInclusive<u64> = 1..=1_000_000;
 const MEMORY: RangeInclusive<u64> = (64 << 10)..=(4 << 30);
 const CALL_TIMEOUT: RangeInclusive<Duration> = millis(1)..=secs(3600);
 const FUEL: RangeInclusive<u64> = 1..=(1 << 60);
@@ -133,6 +133,7 @@ struct Node {
 struct Runtime {
     max_instances: Option<Spanned<u64>>,
     max_memory_per_instance: Option<Spanned<String>>,
+    memory_reservation: Option<Spanned<String>>,
     cache_dir: Option<String>,
     fuel: Option<bool>,
 }
@@ -292,6 +293,12 @@ impl File {
                 defaults.runtime.max_memory_per_instance,
                 MEMORY,
             ),
+            memory_reservation: check.size(
+                "runtime.memory_reservation",
+                self.runtime.memory_reservation.as_ref(),
+                defaults.runtime.memory_reservation,
+                MEMORY,
+            ),
             cache_dir: self
                 .runtime
                 .cache_dir
@@ -299,6 +306,18 @@ impl File {
                 .or_else(|| defaults.runtime.cache_dir.clone()),
             fuel: self.runtime.fuel.unwrap_or(defaults.runtime.fuel),
         };
+        if runtime.memory_reservation < runtime.max_memory_per_instance
+            && let Some(reservation) = &self.runtime.memory_reservation
+        {
+            check.problem(
+                reservation,
+                format!(
+                    "`runtime.memory_reservation` ({} bytes) must be at least runtime.max_memory_per_instance \
+                     ({} bytes): a memory grows within its reservation",
+                    runtime.memory_reservation, runtime.max_memory_per_instance
+                ),
+            );
+        }
         let mut names = HashSet::new();
         let mut pools: HashMap<String, String> = HashMap::new();
         let mut plugins = Vec::new();

@@ -25,6 +25,7 @@ fn defaults() -> Defaults {
         runtime: RuntimeConfig {
             max_instances: 321,
             max_memory_per_instance: 32 << 20,
+            memory_reservation: 1 << 30,
             cache_dir: None,
             fuel: false,
         },
@@ -65,6 +66,23 @@ fn every_problem_is_reported_with_its_line() {
         "{message}"
     );
     assert!(message.contains("allowed are \"job\" and \"worker\""), "{message}");
+}
+
+#[test]
+fn a_memory_reservation_below_the_memory_ceiling_is_refused() {
+    let text = "[runtime]\nmax_memory_per_instance = \"64MiB\"\nmemory_reservation = \"32MiB\"\n";
+    let error = parse(Path::new("c.toml"), text).unwrap_err();
+    assert_eq!(error.problems.iter().map(|p| p.line).collect::<Vec<_>>(), [Some(3)], "{error}");
+    assert!(
+        error.to_string().contains(
+            "`runtime.memory_reservation` (33554432 bytes) must be at least runtime.max_memory_per_instance \
+             (67108864 bytes)"
+        ),
+        "{error}"
+    );
+    let text = "[runtime]\nmax_instances = 200000\nmax_memory_per_instance = \"16MiB\"\nmemory_reservation = \"16MiB\"\n";
+    let config = parse(Path::new("c.toml"), text).unwrap();
+    assert_eq!((config.runtime.max_instances, config.runtime.memory_reservation), (200_000, 16 << 20));
 }
 
 #[test]
