@@ -26,6 +26,8 @@ const HOSTS: usize = 2;
 const WORKERS_PER_HOST: usize = 2;
 const INTERVAL_MS: u64 = 1_000;
 const SERVER_MS: u64 = 20;
+/// The hosts' histogram of outgoing requests.
+const LATENCY: &str = "pulse_plugin_http_request_seconds";
 
 pub fn run(args: &Args) -> BenchResult {
     let jobs = args.jobs.unwrap_or(if args.quick { 100 } else { 1_000 });
@@ -85,10 +87,10 @@ pub fn run(args: &Args) -> BenchResult {
         let dispatched_in = started.elapsed();
         tokio::time::sleep(warm_up).await;
         let (before, from) = (endpoints.received().len(), Instant::now());
-        let scraped_before = scrape_all(&apis).await?;
+        let scraped_before = crate::scrape::histogram(&apis, LATENCY).await?;
         tokio::time::sleep(measured).await;
         let (after, elapsed) = (endpoints.received().len(), from.elapsed());
-        let scraped_after = scrape_all(&apis).await?;
+        let scraped_after = crate::scrape::histogram(&apis, LATENCY).await?;
         let latency = scraped_after.minus(&scraped_before);
         let rss: Vec<String> = hosts
             .iter()
@@ -109,7 +111,7 @@ pub fn run(args: &Args) -> BenchResult {
             .field("requests_per_s", format!("{:.0}", (after - before) as f64 / elapsed.as_secs_f64()))
             .field("asked_per_s", format!("{:.0}", jobs as f64 * 1000.0 / INTERVAL_MS as f64))
             .field("mean_ms", format!("{:.1}", latency.mean_ms()))
-            .field("p99_le_ms", latency.quantile_le_ms(0.99).map_or("-".to_owned(), |ms| format!("{ms}")))
+            .field("p99_le_ms", latency.quantile_field(0.99))
             .field("rss_mib", rss.join("/"))
             .field("unconfirmed", unconfirmed)
             .print();
@@ -119,59 +121,4 @@ pub fn run(args: &Args) -> BenchResult {
     });
     end_processes(hosts, &result);
     result
-}
-
-/// The hosts' request-latency histogram, added up: bucket bounds (s) with
-/// their cumulative counts, the sum (s) and the count.
-#[derive(Default)]
-struct Histogram {
-    buckets: Vec<(f64, f64)>,
-    sum: f64,
-    count: f64,
-}
-
-impl Histogram {
-    fn minus(&self, before: &Histogram) -> Histogram {
-        let buckets = self
-            .buckets
-            .iter()
-            .map(|(le, n)| (*le, n - before.buckets.iter().find(|(b, _)| b == le).map_or(0.0, |(_, m)| *m)))
-            .collect();
-        Histogram { buckets, sum: self.sum - before.sum, count: self.count - before.count }
-    }
-
-    fn mean_ms(&self) -> f64 {
-        if self.count > 0.0 { self.sum / self.count * 1000.0 } else { 0.0 }
-    }
-
-    /// The upper bound of the bucket holding quantile `q`, in ms.
-    fn quantile_le_ms(&self, q: f64) -> Option<f64> {
-        let target = self.count * q;
-        let mut buckets = self.buckets.clone();
-        buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
-        buckets.into_iter().find(|(_, n)| *n >= target).map(|(le, _)| le * 1000.0)
-    }
-}
-
-/// The request-latency histograms of the hosts at `apis`, added up; an
-/// error when a host's metrics cannot be read.
-async fn scrape_all(apis: &[std::net::SocketAddr]) -> Result<Histogram, String> {
-    let mut total = Histogram::default();
-    for api in apis {
-        let text = crate::scrape::metrics(*api).await?;
-        for (name, value) in crate::scrape::samples(&text, "pulse_plugin_http_request_seconds")? {
-            if name.starts_with("pulse_plugin_http_request_seconds_sum") {
-                total.sum += value;
-            } else if name.starts_with("pulse_plugin_http_request_seconds_count") {
-                total.count += value;
-            } else if let Some(le) = name.split("le=\"").nth(1).and_then(|rest| rest.split('"').next()) {
-                let le = if le == "+Inf" { f64::INFINITY } else { le.parse().unwrap_or(f64::INFINITY) };
-                match total.buckets.iter_mut().find(|(b, _)| *b == le) {
-                    Some((_, n)) => *n += value,
-                    None => total.buckets.push((le, value)),
-                }
-            }
-        }
-    }
-    Ok(total)
 }

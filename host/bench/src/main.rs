@@ -63,10 +63,16 @@
 //! - `listing`: a page of 100 jobs of a pool of 1,000,000, as `pulse-host
 //!   jobs --limit 100` reads it: all jobs, by key prefix, by a state no job
 //!   is in; p50 and max against 100 ms. Options: `--jobs N`.
+//! - `density [job|worker]…`: one host runs 100,000 `counter` jobs
+//!   (`--jobs N`) ticking every 10 s, in job and in worker isolation:
+//!   resident memory per live job, timer calls per second and their
+//!   lateness, notification latency, then a second host joining: the time
+//!   until it holds its share, jobs moved and moves per moved job.
 //!
 //! `--quick` runs fewer iterations (a smoke test of the program itself).
 #![allow(clippy::print_stdout, reason = "the program's output is its RESULT lines")]
 
+mod density;
 mod dispatch;
 mod fetch;
 mod idle;
@@ -86,7 +92,7 @@ use std::process::ExitCode;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-const USAGE: &str = "usage: pulse-bench SCENARIO [--quick] [--jobs N] [--redis URL] [--confirm-replicas N] [--groups N] [--workers N]\nscenarios: runtime [echo|python-echo|js-echo]..., dispatch [noop|echo-job|echo-worker|echo-http|slow|slow-serial|batch]..., idle, fetch, failover, rebalance, ticker, rollout, listing";
+const USAGE: &str = "usage: pulse-bench SCENARIO [--quick] [--jobs N] [--redis URL] [--confirm-replicas N] [--groups N] [--workers N]\nscenarios: runtime [echo|python-echo|js-echo]..., dispatch [noop|echo-job|echo-worker|echo-http|slow|slow-serial|batch]..., idle, fetch, failover, rebalance, ticker, rollout, listing, density [job|worker]...";
 
 /// Parsed command line.
 #[derive(Debug)]
@@ -192,6 +198,7 @@ fn main() -> ExitCode {
         "ticker" => ticker::run(&args),
         "rollout" => rollout::run(&args),
         "listing" => listing::run(&args),
+        "density" => density::run(&args),
         // The processes of the ticker scenario.
         ticker::SERVE_TICKER => ticker::serve_ticker(&args),
         other => {

@@ -54,10 +54,24 @@ pub fn resident_bytes() -> u64 {
 /// Resident memory of process `pid` (a number, or `self`), in bytes
 /// (`VmRSS` of `/proc/PID/status`); 0 when it cannot be read.
 pub fn resident_bytes_of(pid: &str) -> u64 {
+    status_bytes(pid, "VmRSS:")
+}
+
+/// The part of [`resident_bytes_of`] that is the process's own
+/// (`RssAnon`): without pages mapped from files and shared memory, such
+/// as a plugin's initial memory image mapped copy-on-write into each of
+/// its instances, which count once per mapping in `VmRSS` but take memory
+/// once.
+pub fn anonymous_bytes_of(pid: &str) -> u64 {
+    status_bytes(pid, "RssAnon:")
+}
+
+/// A `kB` line of `/proc/PID/status`, in bytes; 0 when it cannot be read.
+fn status_bytes(pid: &str, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     status
         .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .find_map(|line| line.strip_prefix(field))
         .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .map_or(0, |kib| kib * 1024)
 }

@@ -51,6 +51,71 @@ pub async fn total(apis: &[SocketAddr], family: &str) -> Result<f64, String> {
     Ok(total)
 }
 
+/// A histogram of every host, added up: bucket bounds (s) with their
+/// cumulative counts, the sum (s) and the count.
+#[derive(Default)]
+pub struct Histogram {
+    buckets: Vec<(f64, f64)>,
+    sum: f64,
+    /// Samples recorded.
+    pub count: f64,
+}
+
+impl Histogram {
+    /// What was recorded after `before` was read.
+    pub fn minus(&self, before: &Histogram) -> Histogram {
+        let buckets = self
+            .buckets
+            .iter()
+            .map(|(le, n)| (*le, n - before.buckets.iter().find(|(b, _)| b == le).map_or(0.0, |(_, m)| *m)))
+            .collect();
+        Histogram { buckets, sum: self.sum - before.sum, count: self.count - before.count }
+    }
+
+    /// The mean, in ms.
+    pub fn mean_ms(&self) -> f64 {
+        if self.count > 0.0 { self.sum / self.count * 1000.0 } else { 0.0 }
+    }
+
+    /// The upper bound of the bucket holding quantile `q`, in ms.
+    pub fn quantile_le_ms(&self, q: f64) -> Option<f64> {
+        let target = self.count * q;
+        let mut buckets = self.buckets.clone();
+        buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+        buckets.into_iter().find(|(_, n)| *n >= target).map(|(le, _)| le * 1000.0)
+    }
+
+    /// [`Self::quantile_le_ms`] as a field's value (`-` for none).
+    pub fn quantile_field(&self, q: f64) -> String {
+        self.quantile_le_ms(q).map_or("-".to_owned(), |ms| format!("{ms}"))
+    }
+}
+
+/// The histogram `family` of the hosts at `apis`, added up.
+///
+/// # Errors
+/// When a host's metrics cannot be read or hold a malformed sample.
+pub async fn histogram(apis: &[SocketAddr], family: &str) -> Result<Histogram, String> {
+    let mut total = Histogram::default();
+    for api in apis {
+        let text = metrics(*api).await?;
+        for (name, value) in samples(&text, family)? {
+            if name.starts_with(&format!("{family}_sum")) {
+                total.sum += value;
+            } else if name.starts_with(&format!("{family}_count")) {
+                total.count += value;
+            } else if let Some(le) = name.split("le=\"").nth(1).and_then(|rest| rest.split('"').next()) {
+                let le = if le == "+Inf" { f64::INFINITY } else { le.parse().unwrap_or(f64::INFINITY) };
+                match total.buckets.iter_mut().find(|(b, _)| *b == le) {
+                    Some((_, n)) => *n += value,
+                    None => total.buckets.push((le, value)),
+                }
+            }
+        }
+    }
+    Ok(total)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
