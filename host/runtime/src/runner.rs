@@ -93,8 +93,12 @@ impl JobRunner {
             routes.by_key.insert(key.clone(), route.clone());
             route
         };
-        let result =
-            request(&route, &key, |reply| Command::Start { job, reply, traced: traced_caller() }).await;
+        let result = request(&route, &key, |reply| Command::Start {
+            job: Box::new(job),
+            reply,
+            traced: traced_caller(),
+        })
+        .await;
         if result.is_err() {
             self.inner.forget(&key, route.instance);
         }
