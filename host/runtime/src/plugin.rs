@@ -169,11 +169,44 @@ pub(crate) fn compile(
     }
     let component = Component::new(&runtime.engine, bytes)
         .map_err(|e| LoadError::Compile { plugin: plugin(), message: format!("{e:#}") })?;
+    memory_images(&component).map_err(|e| LoadError::Compile {
+        plugin: plugin(),
+        message: format!("cannot make its initial memory image: {e:#}"),
+    })?;
     // Fails when the component imports something the host lacks.
     runtime.linker.instantiate_pre(&component).map_err(|e| LoadError::WrongWorld {
         plugin: plugin(),
         world,
         message: format!("{e:#}"),
+    })
+}
+
+/// Makes the memory images every instance of `component` maps
+/// copy-on-write now, at load, instead of at its first start.
+///
+/// Each is a memfd, written and then sealed read-only. Linux refuses the
+/// seal (`EBUSY`) while a page just written is still referenced elsewhere,
+/// as by another CPU's batch of pages on their way to the page lists,
+/// which passes within milliseconds: made lazily, that failed a job's
+/// start (seen once, with the 11.5 MB JavaScript component). So a refusal
+/// is tried again, a few times, before the plugin fails to load.
+fn memory_images(component: &Component) -> wasmtime::Result<()> {
+    let mut wait = std::time::Duration::from_millis(5);
+    for _ in 0..6 {
+        match component.initialize_copy_on_write_image() {
+            Err(error) if is_busy(&error) => std::thread::sleep(wait),
+            done => return done,
+        }
+        wait *= 2;
+    }
+    component.initialize_copy_on_write_image()
+}
+
+/// Whether `error` comes from a system call that answered `EBUSY`.
+fn is_busy(error: &wasmtime::Error) -> bool {
+    const EBUSY: i32 = 16;
+    error.chain().any(|cause| {
+        cause.downcast_ref::<std::io::Error>().is_some_and(|io| io.raw_os_error() == Some(EBUSY))
     })
 }
 
