@@ -136,6 +136,20 @@ struct Pending {
 }
 
 impl Pending {
+    /// A call (or scope) of job `key` ended, with its answers and inbox
+    /// entry: sealed once its last scope ended.
+    fn end(&mut self, key: &str, answers: Vec<Outgoing>, entry: Option<String>) {
+        if let Some(open) = self.open.get_mut(key) {
+            *open -= 1;
+            if *open == 0 {
+                self.open.remove(key);
+                self.seal(key);
+            }
+        }
+        self.answers.extend(answers);
+        self.deletes.extend(entry);
+    }
+
     fn seal(&mut self, key: &str) {
         for (write, sealed) in &mut self.writes {
             if write.key == key {
@@ -203,7 +217,7 @@ impl std::fmt::Debug for CallScope {
 
 impl Drop for CallScope {
     fn drop(&mut self) {
-        self.queue.end(&self.key, Vec::new(), None);
+        self.queue.end_scope(&self.key);
     }
 }
 
@@ -233,20 +247,19 @@ impl EmitQueue {
         CallScope { queue: self.clone(), key: key.to_owned() }
     }
 
-    /// A call of job `key` ended: its writes are sent with the next batch,
-    /// with `replies` and the deletion of inbox entry `entry` (when the
-    /// call's last scope ended: in one step with them).
+    /// A call of job `key` that the worker made ended: its writes are sent
+    /// with the next batch, with `replies` and the deletion of inbox entry
+    /// `entry` (when the call's last scope ended: in one step with them).
+    /// The worker flushes after every call it applies, so nothing wakes it.
     pub(crate) fn end(&self, key: &str, answers: Vec<Outgoing>, entry: Option<String>) {
+        self.lock().end(key, answers, entry);
+    }
+
+    /// A scope the runtime opened (a timer's call) ended: its writes wait
+    /// for no answer of the worker's, so the worker is woken to send them.
+    fn end_scope(&self, key: &str) {
         let mut pending = self.lock();
-        if let Some(open) = pending.open.get_mut(key) {
-            *open -= 1;
-            if *open == 0 {
-                pending.open.remove(key);
-                pending.seal(key);
-            }
-        }
-        pending.answers.extend(answers);
-        pending.deletes.extend(entry);
+        pending.end(key, Vec::new(), None);
         let ready = pending.has_sealed();
         drop(pending);
         if ready {
