@@ -44,6 +44,7 @@ use pulse_pool::{DispatchOutcome, EventOutcome, Node, NodeOptions};
 use crate::Args;
 use crate::dispatch::{end_processes, free_address, spawn_serve_host, wait_for_workers};
 use crate::report::{self, percentile};
+use crate::rollout::moved_jobs;
 
 type BenchResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
 
@@ -79,9 +80,6 @@ pub fn run(args: &Args) -> BenchResult {
 
 /// One isolation's line, on a Redis and hosts of its own.
 fn line(jobs: usize, isolation: &str) -> BenchResult {
-    // A whole interval: every job ticks once in it, however their starts
-    // fell.
-    let window = INTERVAL;
     let redis = pulse_testkit::RedisServer::start();
     let dir = tempfile::tempdir()?;
     let apis = [free_address()?, free_address()?];
@@ -106,18 +104,20 @@ fn line(jobs: usize, isolation: &str) -> BenchResult {
         let (rss, anon) = (report::resident_bytes_of(&first), report::anonymous_bytes_of(&first));
         let before = crate::scrape::histogram(&apis[..1], LATENESS).await?;
         let measuring = Instant::now();
-        let mut notified = notify(&node, &keys, window).await?;
-        tokio::time::sleep(window.saturating_sub(measuring.elapsed())).await;
+        // A whole interval: every job ticks once in it, however their
+        // starts fell.
+        let mut notified = notify(&node, &keys, INTERVAL).await?;
+        tokio::time::sleep(INTERVAL.saturating_sub(measuring.elapsed())).await;
         let lateness = crate::scrape::histogram(&apis[..1], LATENESS).await?.minus(&before);
         let measured = measuring.elapsed();
         let first_workers: HashSet<String> = node.workers().await?.into_iter().map(|w| w.id).collect();
         // The second host counts no move before it starts.
-        let moved_before = moved(&apis[..1]).await?;
+        let moved_before = moved_jobs(&apis[..1]).await?;
         let joining = Instant::now();
         hosts.push(spawn_serve_host(&configs[1], redis.url(), Stdio::null())?);
         wait_for_workers(&node, 2 * WORKERS, &mut hosts).await?;
         let (moved_in, joined_in) = joined(&node, jobs, &first_workers, &apis, joining, &mut hosts).await?;
-        let moves = moved(&apis).await? - moved_before;
+        let moves = moved_jobs(&apis).await? - moved_before;
         let second = report::resident_bytes_of(&hosts[1].id().to_string());
         report::Result::new("density")
             .field("isolation", isolation)
@@ -125,8 +125,8 @@ fn line(jobs: usize, isolation: &str) -> BenchResult {
             .field("workers", WORKERS)
             .field("interval_ms", INTERVAL.as_millis())
             .field("dispatch_per_s", format!("{:.0}", jobs as f64 / dispatched_in.as_secs_f64()))
-            .field("rss_idle_mib", mib(idle))
-            .field("rss_mib", mib(rss))
+            .field("rss_idle_mib", report::mib(idle))
+            .field("rss_mib", report::mib(rss))
             .field("rss_per_job_kib", per_job_kib(rss, idle, jobs))
             .field("rss_anon_per_job_kib", per_job_kib(anon, idle_anon, jobs))
             .field("timers_per_s", format!("{:.0}", lateness.count / measured.as_secs_f64()))
@@ -137,8 +137,8 @@ fn line(jobs: usize, isolation: &str) -> BenchResult {
             .millis("notify_p99_ms", percentile(&mut notified, 99.0))
             .millis("join_ms", joined_in)
             .field("moved", moved_in)
-            .field("moves_per_moved_job", format!("{:.2}", moves / (moved_in.max(1) as f64)))
-            .field("second_host_rss_mib", mib(second))
+            .field("moves_per_moved_job", format!("{:.2}", moves as f64 / moved_in.max(1) as f64))
+            .field("second_host_rss_mib", report::mib(second))
             .print();
         node.shutdown(PATIENCE).await?;
         node.close().await;
@@ -263,7 +263,7 @@ async fn joined(
     let deadline = started + PATIENCE;
     // The first time every condition held, and what it read then: settled
     // once the next look reads the same.
-    let mut settled: Option<(Duration, u64, f64)> = None;
+    let mut settled: Option<(Duration, u64, u64)> = None;
     loop {
         let workers = node.workers().await?;
         let joined: Vec<_> = workers.iter().filter(|w| !first.contains(&w.id)).collect();
@@ -273,11 +273,11 @@ async fn joined(
         let share = slots(&mut joined.iter().map(|w| w.slots));
         // The joiners' share of the slots, in jobs, give or take a tenth.
         let expected = jobs as u64 * share / slots(&mut workers.iter().map(|w| w.slots));
-        let moves = moved(apis).await?;
+        let moves = moved_jobs(apis).await?;
         let now = joined.len() == WORKERS
             && held > 0
             && held.abs_diff(expected) <= expected / 10
-            && moves >= held as f64
+            && moves >= held
             && all == jobs as u64
             && node.job_counts().await?.running == jobs as u64;
         match (now, settled) {
@@ -309,16 +309,7 @@ fn alive(hosts: &mut [Child]) -> BenchResult {
     Ok(())
 }
 
-/// `pulse_moved_jobs_total` of every host, added up.
-async fn moved(apis: &[SocketAddr]) -> Result<f64, String> {
-    crate::scrape::total(apis, "pulse_moved_jobs_total").await
-}
-
 /// What `jobs` jobs added, per job, from `before` to `after` bytes.
 fn per_job_kib(after: u64, before: u64, jobs: usize) -> String {
     format!("{:.1}", after.saturating_sub(before) as f64 / 1024.0 / jobs as f64)
-}
-
-fn mib(bytes: u64) -> String {
-    format!("{:.0}", bytes as f64 / f64::from(1 << 20))
 }

@@ -94,12 +94,7 @@ pub fn run(args: &Args) -> BenchResult {
         let latency = scraped_after.minus(&scraped_before);
         let rss: Vec<String> = hosts
             .iter()
-            .map(|child| {
-                format!(
-                    "{:.0}",
-                    report::resident_bytes_of(&child.id().to_string()) as f64 / f64::from(1 << 20)
-                )
-            })
+            .map(|child| report::mib(report::resident_bytes_of(&child.id().to_string())))
             .collect();
         report::Result::new("fetch")
             .field("jobs", jobs)

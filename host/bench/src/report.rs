@@ -57,6 +57,11 @@ pub fn resident_bytes_of(pid: &str) -> u64 {
     status_bytes(pid, "VmRSS:")
 }
 
+/// `bytes` in whole MiB, as a field's value.
+pub fn mib(bytes: u64) -> String {
+    format!("{:.0}", bytes as f64 / f64::from(1 << 20))
+}
+
 /// The part of [`resident_bytes_of`] that is the process's own
 /// (`RssAnon`): without pages mapped from files and shared memory, such
 /// as a plugin's initial memory image mapped copy-on-write into each of

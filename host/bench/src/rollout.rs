@@ -193,6 +193,6 @@ async fn wait_for_release(node: &Node, version: &str, count: usize) -> BenchResu
 
 /// `pulse_moved_jobs_total` of every host, added up; an error when a
 /// host's metrics cannot be read.
-async fn moved_jobs(apis: &[std::net::SocketAddr]) -> Result<u64, String> {
+pub(crate) async fn moved_jobs(apis: &[std::net::SocketAddr]) -> Result<u64, String> {
     Ok(crate::scrape::total(apis, "pulse_moved_jobs_total").await? as u64)
 }
