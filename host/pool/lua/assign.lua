@@ -1,10 +1,11 @@
--- assign(key, rev, worker) -> {'sent', token} | {'stale', rev} | {'skip'}
+-- assign(key, rev, worker, ring) -> {'sent', token} | {'stale', rev} | {'skip'}
 --
 -- KEYS[1] jobs hash       KEYS[2] the job's record   KEYS[3] slot table
 -- KEYS[4] token counter   KEYS[5] queued set          KEYS[6] the worker's inbox
 -- KEYS[7] the worker's job set                        KEYS[8] the job's held events
 -- KEYS[9] the pool's shutdown flag
 -- ARGV[1] key  ARGV[2] slot table revision  ARGV[3] worker
+-- ARGV[4] '1' to ring the inbox's doorbell (see `ring`)
 --
 -- Starts a queued job on `worker`: a new token, then the start event and,
 -- in order behind it, every event held while the job waited. Atomic, so no
@@ -44,6 +45,7 @@ for _, held_entry in ipairs(redis.call('LRANGE', held, 0, -1)) do
   end
 end
 redis.call('DEL', held)
+ring(KEYS[6], ARGV[4])
 redis.call('HSET', jobs, key, ownership('running', worker, token, seq))
 redis.call('SREM', KEYS[5], key)
 redis.call('SADD', KEYS[7], key)

@@ -1,4 +1,4 @@
--- dispatch(rev, worker, reply, max_jobs, n, trace, key1, payload1, request1, …)
+-- dispatch(rev, worker, reply, max_jobs, n, trace, ring, key1, payload1, request1, …)
 --   -> {answer1, …, answerN}, each {'sent', token} | {'queued'} |
 --      {'exists', state} | {'full'}; or {{'stale', rev}}: none was dispatched
 --
@@ -8,8 +8,9 @@
 -- ARGV[1] slot table revision the caller routed with  ARGV[2] worker every
 -- job routes to ('' when there are no slots: queue)  ARGV[3] reply stream
 -- ARGV[4] max jobs in the pool (0: no limit)  ARGV[5] n  ARGV[6] the
--- dispatcher's W3C traceparent ('' when it does not trace)  then each
--- job's key, payload and request id
+-- dispatcher's W3C traceparent ('' when it does not trace)  ARGV[7] '1'
+-- to ring the inbox's doorbell (see `ring`)  then each job's key, payload
+-- and request id
 --
 -- Why a script: for each job, the checks (membership unchanged, key free,
 -- room in the pool), the token, the ownership, the record and the start
@@ -48,7 +49,7 @@ local function keep(record, payload, created)
 end
 local answers, claimed = {}, {}
 for i = 1, n do
-  local key, payload, request = ARGV[4 + 3 * i], ARGV[5 + 3 * i], ARGV[6 + 3 * i]
+  local key, payload, request = ARGV[5 + 3 * i], ARGV[6 + 3 * i], ARGV[7 + 3 * i]
   local record = KEYS[6 + i]
   local token = string.format('%d', first + i)
   if redis.call('HSETNX', jobs, key, ownership(state, worker, token, 0)) == 0 then
@@ -75,4 +76,5 @@ for i = 1, n do
   end
 end
 if #claimed > 0 then redis.call('SADD', worker == '' and KEYS[4] or KEYS[6], unpack(claimed)) end
+if #claimed > 0 and worker ~= '' then ring(KEYS[5], ARGV[7]) end
 return answers

@@ -60,6 +60,15 @@ local function take_tokens(counter, n)
   return redis.call('INCRBY', counter, tonumber(t[1]) * 1000000 + tonumber(t[2]))
 end
 
+-- Rings the doorbell of `stream` when `on` is '1': a message on its shard
+-- channel of the same name, for readers that wait for it instead of
+-- blocking in XREAD (on a cluster with slot groups: pulse_redis's
+-- doorbell.rs says why). In the step that adds the entries, so a reader
+-- that read before the step hears of them.
+local function ring(stream, on)
+  if on == '1' then redis.call('SPUBLISH', stream, '') end
+end
+
 -- A held event, waiting in a job's held list for the job's next start:
 -- kind (`stop` or `notify`), where to answer (reply stream and request id,
 -- empty when nobody waits), payload.

@@ -1,4 +1,4 @@
--- route(kind, key, worker, reply, request, payload, trace)
+-- route(kind, key, worker, reply, request, payload, trace, ring)
 --   -> {'sent'} | {'held'} | {'stopped'} | {'missing'} | {'failed', reason} | {'owner', worker}
 --
 -- KEYS[1] jobs hash   KEYS[2] the job's record   KEYS[3] the job's held events
@@ -7,6 +7,7 @@
 -- ARGV[1] `stop` or `notify`  ARGV[2] key  ARGV[3] the expected owner
 -- ARGV[4] reply stream  ARGV[5] request id  ARGV[6] payload (notify)
 -- ARGV[7] the sender's W3C traceparent ('' when it does not trace)
+-- ARGV[8] '1' to ring the inbox's doorbell (see `ring`)
 --
 -- A job that is `moving` (its worker is handing it back) or `queued` has
 -- its events held.
@@ -51,5 +52,6 @@ if kind == 'notify' then
   if ARGV[7] ~= '' then p = p .. ns(ARGV[7]) .. ns(redis.call('HGET', record, 'trace') or '') end
 end
 redis.call('XADD', KEYS[4], '*', 'n', kind, 'p', p)
+ring(KEYS[4], ARGV[8])
 redis.call('HSET', jobs, key, ownership(job.state, job.worker, job.token, seq))
 return {'sent'}

@@ -13,7 +13,8 @@
 -- answer's reply stream
 -- ARGV[1] entries the events stream keeps  ARGV[2] payload bytes it keeps
 -- ARGV[3] the worker  ARGV[4] entries a reply stream keeps (about)
--- ARGV[5] items  ARGV[6] answers  then each item's kind (`e` an event
+-- ARGV[5] items  ARGV[6] answers  ARGV[7] '1' to ring the doorbells of
+-- the reply streams answered (see `ring`)  then each item's kind (`e` an event
 -- emitted, `s` a state saved, `f` the job finished), job key, token and
 -- payload (empty for `f`); then each answer's entry name and payload; then
 -- the inbox entries to delete
@@ -47,7 +48,7 @@
 -- state, INCRBY and XLEN; one in about 64 entries, an XTRIM and a read of
 -- the oldest entry; then an XADD per answer and one XDEL.
 local n, answers = tonumber(ARGV[5]), tonumber(ARGV[6])
-local function arg(i, field) return ARGV[2 + 4 * i + field] end -- field 1..4
+local function arg(i, field) return ARGV[3 + 4 * i + field] end -- field 1..4
 local owners = {}
 for first = 1, n, 1000 do
   local last = math.min(n, first + 999)
@@ -93,10 +94,11 @@ for i = 1, n do
 end
 
 -- The answers and the inbox entries processed.
-local at_arg = 7 + 4 * n
+local at_arg = 8 + 4 * n
 for a = 0, answers - 1 do
   redis.call('XADD', KEYS[at_key + a], 'NOMKSTREAM', 'MAXLEN', '~', ARGV[4], '*',
     'n', ARGV[at_arg + 2 * a], 'p', ARGV[at_arg + 2 * a + 1])
+  ring(KEYS[at_key + a], ARGV[7])
 end
 local deletes = {}
 for i = at_arg + 2 * answers, #ARGV do deletes[#deletes + 1] = ARGV[i] end

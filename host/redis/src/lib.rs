@@ -11,6 +11,8 @@
 //!   (a blocked read would hold up every command queued behind it).
 //! - [`Redis::subscribe`]: the messages of one pub/sub channel, ending
 //!   when the connection drops, so the subscriber knows to catch up.
+//! - [`Redis::doorbell`]: on a cluster, wake-ups for a stream's readers
+//!   (sharded pub/sub), shared by every stream of the process.
 //!
 //! # Layout
 //! - `target`: the URL forms ([`Redis::open`]), their settings (TLS, ACL
@@ -19,6 +21,7 @@
 //! - `shared`: [`Shared`], and how it follows a Sentinel failover.
 //! - `dedicated`: [`Dedicated`].
 //! - `subscribe`: [`Subscription`].
+//! - `doorbell`: [`Doorbell`].
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), pulse_redis::Error> {
@@ -31,11 +34,13 @@
 //! ```
 
 mod dedicated;
+mod doorbell;
 mod shared;
 mod subscribe;
 mod target;
 
 pub use dedicated::Dedicated;
+pub use doorbell::Doorbell;
 pub use shared::{Shared, key_slot};
 pub use subscribe::Subscription;
 pub use target::{Error, Form, Redis};

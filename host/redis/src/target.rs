@@ -84,6 +84,8 @@ pub(crate) enum Target {
         data: ClusterClient,
         /// Subscriptions: RESP3, whose pushes reach a channel of ours.
         pubsub: ClusterClient,
+        /// The doorbells' connection, made with the first doorbell.
+        bells: tokio::sync::OnceCell<Arc<crate::doorbell::Bells>>,
     },
 }
 
@@ -250,6 +252,7 @@ impl Redis {
                 Target::Cluster {
                     data: build(builder())?,
                     pubsub: build(builder().use_protocol(redis::ProtocolVersion::RESP3))?,
+                    bells: tokio::sync::OnceCell::new(),
                 }
             }
             _ => {

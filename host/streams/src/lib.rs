@@ -45,7 +45,7 @@ mod stream;
 
 pub use error::{Error, Result};
 pub use event::{Event, TopicFilter};
-pub use reader::{Overflow, Reader, ReaderEvent, ReaderOptions, ReaderSubscription};
+pub use reader::{DOORBELL_POLL, Overflow, Reader, ReaderEvent, ReaderOptions, ReaderSubscription};
 pub use sink::{Sink, SinkOptions};
 pub use stream::{Start, Stream, StreamOptions, Ttl};
 

@@ -29,8 +29,8 @@ use crate::stream::{Start, Stream};
 ///
 /// Defaults: start [`Start::Newest`], every topic, `XREAD` blocking up to
 /// 5 s and returning up to 100 events, 1,024 events and 16 MiB queued per
-/// subscriber, [`Overflow::Lag`]. The block time does not delay
-/// [`Reader::close`].
+/// subscriber, [`Overflow::Lag`], no doorbell. The block time does not
+/// delay [`Reader::close`].
 #[derive(Debug, Clone)]
 pub struct ReaderOptions {
     start: Start,
@@ -40,6 +40,8 @@ pub struct ReaderOptions {
     queue: usize,
     max_bytes: usize,
     overflow: Overflow,
+    doorbell: bool,
+    poll: Duration,
 }
 
 /// What a reader does when a subscriber's queue is full.
@@ -66,6 +68,8 @@ impl Default for ReaderOptions {
             queue: 1024,
             max_bytes: 16 << 20,
             overflow: Overflow::Lag,
+            doorbell: false,
+            poll: DOORBELL_POLL,
         }
     }
 }
@@ -114,7 +118,35 @@ impl ReaderOptions {
         self.overflow = overflow;
         self
     }
+
+    /// On a cluster, read when the stream's doorbell rings (see
+    /// [`pulse_redis::Doorbell`]) instead of blocking in `XREAD` on a
+    /// connection of its own: the reads go on the shared connection,
+    /// without blocking, after each ring and at least every `poll`
+    /// ([`DOORBELL_POLL`] by default, see [`ReaderOptions::poll`]). For
+    /// streams whose writers publish the stream's key name with
+    /// `SPUBLISH` after each entry, in the same script; what a writer adds
+    /// without it is read within `poll`. Elsewhere the reader blocks as
+    /// without it.
+    #[must_use]
+    pub fn doorbell(mut self, doorbell: bool) -> Self {
+        self.doorbell = doorbell;
+        self
+    }
+
+    /// With a doorbell, how long the reader waits for a ring before it
+    /// reads all the same.
+    #[must_use]
+    pub fn poll(mut self, poll: Duration) -> Self {
+        self.poll = poll;
+        self
+    }
 }
+
+/// How long a reader with a doorbell waits for a ring before it reads all
+/// the same, by default: the bound on how late a lost ring (a failover, a
+/// slot moving) makes an entry.
+pub const DOORBELL_POLL: Duration = Duration::from_secs(1);
 
 /// What a reader's subscriber receives.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -272,6 +304,83 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 async fn read_loop(shared: Arc<ReaderShared>, token: CancellationToken) {
+    if shared.options.doorbell {
+        match doorbell(&shared, &token).await {
+            Some(Some(bell)) => return read_when_rung(&shared, &bell, &token).await,
+            Some(None) => {}
+            None => return,
+        }
+    }
+    read_blocking(&shared, &token).await;
+}
+
+/// The stream's doorbell, subscribed: `Some(None)` where Redis is not a
+/// cluster, `None` once the reader is closed.
+async fn doorbell(shared: &ReaderShared, token: &CancellationToken) -> Option<Option<pulse_redis::Doorbell>> {
+    let stream = &shared.stream.inner;
+    let mut backoff = Backoff::new();
+    loop {
+        let bell = tokio::select! {
+            biased;
+            () = token.cancelled() => return None,
+            bell = stream.client.doorbell(&stream.keys.stream) => bell,
+        };
+        match bell {
+            Ok(bell) => return Some(bell),
+            Err(error) => {
+                tracing::debug!(error = %error, "failed to subscribe the doorbell; retrying");
+                if !backoff.wait(token).await {
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+/// Reads after each ring of `bell`, and every `poll` without one, on the
+/// shared connection without blocking.
+async fn read_when_rung(shared: &ReaderShared, bell: &pulse_redis::Doorbell, token: &CancellationToken) {
+    let stream = &shared.stream.inner;
+    let mut backoff = Backoff::new();
+    let mut conn = stream.conn.clone();
+    loop {
+        // The bell was subscribed before this first read: an entry added
+        // after a read rings for the next one.
+        let cursor = lock(&shared.cursor).clone().unwrap_or_else(|| "0-0".to_owned());
+        let mut cmd = redis::cmd("XREAD");
+        cmd.arg("COUNT").arg(shared.options.count).arg("STREAMS").arg(&stream.keys.stream).arg(&cursor);
+        let read = cmd.query_async::<Option<StreamReadReply>>(&mut conn);
+        let reply = tokio::select! {
+            biased;
+            () = token.cancelled() => return,
+            reply = read => reply,
+        };
+        match reply {
+            Ok(reply) => {
+                backoff.reset();
+                let Some(read) = take(shared, reply, token).await else { return };
+                if read >= shared.options.count {
+                    continue;
+                }
+                tokio::select! {
+                    biased;
+                    () = token.cancelled() => return,
+                    () = bell.rung() => {}
+                    () = tokio::time::sleep(shared.options.poll) => {}
+                }
+            }
+            Err(error) => {
+                tracing::debug!(error = %error, "read failed; retrying");
+                if !backoff.wait(token).await {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Reads with `XREAD BLOCK` on a connection of its own.
+async fn read_blocking(shared: &ReaderShared, token: &CancellationToken) {
     let stream = &shared.stream.inner;
     let mut backoff = Backoff::new();
     let mut conn = None;
@@ -308,32 +417,47 @@ async fn read_loop(shared: Arc<ReaderShared>, token: CancellationToken) {
         match reply {
             Ok(reply) => {
                 backoff.reset();
-                for entry in reply.into_iter().flat_map(|r| r.keys).flat_map(|k| k.ids) {
-                    match Event::decode(&entry) {
-                        Some(event) if shared.options.filter.accepts(&event) => {
-                            if shared.options.overflow == Overflow::Wait {
-                                if !deliver_waiting(&shared, event, &token).await {
-                                    return;
-                                }
-                            } else {
-                                deliver(&shared, event);
-                            }
-                        }
-                        Some(_) => {}
-                        None => tracing::warn!(id = %entry.id, "skipped a malformed stream entry"),
-                    }
-                    *lock(&shared.cursor) = Some(entry.id);
+                if take(shared, reply, token).await.is_none() {
+                    return;
                 }
             }
             Err(error) => {
                 conn = None;
                 tracing::debug!(error = %error, "read failed; retrying");
-                if !backoff.wait(&token).await {
+                if !backoff.wait(token).await {
                     return;
                 }
             }
         }
     }
+}
+
+/// Delivers the entries of `reply` and moves the cursor past them: how
+/// many entries it held, or `None` once the reader is closed.
+async fn take(
+    shared: &ReaderShared,
+    reply: Option<StreamReadReply>,
+    token: &CancellationToken,
+) -> Option<usize> {
+    let mut read = 0;
+    for entry in reply.into_iter().flat_map(|r| r.keys).flat_map(|k| k.ids) {
+        read += 1;
+        match Event::decode(&entry) {
+            Some(event) if shared.options.filter.accepts(&event) => {
+                if shared.options.overflow == Overflow::Wait {
+                    if !deliver_waiting(shared, event, token).await {
+                        return None;
+                    }
+                } else {
+                    deliver(shared, event);
+                }
+            }
+            Some(_) => {}
+            None => tracing::warn!(id = %entry.id, "skipped a malformed stream entry"),
+        }
+        *lock(&shared.cursor) = Some(entry.id);
+    }
+    Some(read)
 }
 
 /// What `event` takes of a subscriber's bytes: its payload, name and id

@@ -391,6 +391,11 @@ impl EmitQueue {
         } else {
             for reply in &replies {
                 pipe.add_command(reply_cmd(reply));
+                if core.doorbells {
+                    // As `write.lua` does (see `Core::doorbells`); an
+                    // answer to a node that is gone rings nobody.
+                    pipe.cmd("SPUBLISH").arg(&reply.stream).arg("");
+                }
             }
             if !batch.deletes.is_empty() {
                 // XDEL, not XTRIM MINID: entries are processed out of order
@@ -464,7 +469,8 @@ fn write_cmd(core: &Core, worker: &str, batch: &Batch, replies: &[Reply]) -> Cmd
         .arg(worker)
         .arg(REPLIES_KEPT)
         .arg(batch.writes.len())
-        .arg(replies.len());
+        .arg(replies.len())
+        .arg(core.ring());
     for write in &batch.writes {
         cmd.arg(write.what.kind()).arg(&write.key).arg(&write.token).arg(write.what.payload());
     }

@@ -62,6 +62,11 @@ pub(crate) struct Core {
     pub(crate) metrics: crate::metrics::PoolMetrics,
     /// Scripts refused for a stale slot table or a moved owner, retried.
     pub(crate) routing_retries: AtomicU64,
+    /// Whether inboxes and reply streams are read when their doorbells
+    /// ring (on a cluster, for a pool of more than one slot group: each
+    /// of its many streams carries little, and blocked reads would wake
+    /// one by one), so the scripts that add to them ring.
+    pub(crate) doorbells: bool,
 }
 
 impl Core {
@@ -77,7 +82,9 @@ impl Core {
         lease: Lease,
     ) -> Self {
         let token = options.cancel.child_token();
+        let doorbells = client.form() == pulse_redis::Form::Cluster && options.slot_groups > 1;
         Self {
+            doorbells,
             replies: keys.replies(&id),
             metrics: crate::metrics::PoolMetrics::new(&keys.pool),
             id,
@@ -93,6 +100,12 @@ impl Core {
             token,
             routing_retries: AtomicU64::new(0),
         }
+    }
+
+    /// The scripts' argument that rings the doorbells of the streams they
+    /// add to (see [`Core::doorbells`]).
+    pub(crate) fn ring(&self) -> &'static str {
+        if self.doorbells { "1" } else { "" }
     }
 
     pub(crate) fn redis_error(&self, op: &'static str) -> impl FnOnce(redis::RedisError) -> Error + '_ {

@@ -114,7 +114,8 @@ pub(crate) async fn start(core: &Arc<Core>, token: &CancellationToken) -> Result
     // Workers answer with NOMKSTREAM, so answers to a node that is gone
     // create nothing: the stream must exist first.
     let hello = stream.add("hello", b"", None).await?;
-    let reader = stream.reader(ReaderOptions::default().start(Start::After(hello)).queue(65_536)).await?;
+    let options = ReaderOptions::default().start(Start::After(hello)).queue(65_536).doorbell(core.doorbells);
+    let reader = stream.reader(options).await?;
     let mut subscription = reader.subscribe();
     let core = core.clone();
     let token = token.clone();

@@ -78,6 +78,7 @@ impl Core {
                 .arg(key)
                 .arg(rev.to_string())
                 .arg(&worker)
+                .arg(core.ring())
                 .invoke_async(&mut conn)
                 .await
                 .map_err(core.redis_error("assign a queued job"))?;

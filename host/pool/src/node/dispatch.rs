@@ -112,7 +112,8 @@ impl Node {
             .arg(&core.replies)
             .arg(core.options.max_jobs)
             .arg(jobs.len())
-            .arg(trace);
+            .arg(trace)
+            .arg(core.ring());
         for (key, payload, request) in jobs {
             cmd.arg(*key).arg(*payload).arg(*request);
         }
@@ -227,6 +228,7 @@ impl Node {
                 .arg(&waiter.request)
                 .arg(payload)
                 .arg(trace)
+                .arg(core.ring())
                 .invoke_async(&mut conn)
                 .await
                 .map_err(core.redis_error(if kind == "stop" { "stop" } else { "notify" }))?;

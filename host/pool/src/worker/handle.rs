@@ -99,7 +99,8 @@ pub(crate) async fn spawn<H: JobHandler>(
         .start(Start::Oldest)
         .queue(options.inbox_entries)
         .max_bytes(options.inbox_bytes)
-        .overflow(Overflow::Wait);
+        .overflow(Overflow::Wait)
+        .doorbell(core.doorbells);
     let (reader, inbox) = open_inbox(&inbox_stream, &inbox_options).await?;
     // One subscription for the worker's life: every change of the slot
     // table makes it check where its jobs belong.

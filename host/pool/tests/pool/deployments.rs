@@ -170,7 +170,8 @@ async fn a_pool_runs_on_a_redis_cluster() {
 /// spread over every master, and the pool keeps every guarantee.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_of_slot_groups_spreads_over_the_cluster_s_masters() {
-    let cluster = RedisCluster::start(3, 0);
+    let mut cluster = RedisCluster::start(3, 0);
+    let ports: Vec<u16> = cluster.nodes().iter().map(RedisServer::port).collect();
     let redis = pulse_redis::Redis::open(&cluster.url()).unwrap();
     redis.verify().await.unwrap();
     let pool = pulse_testkit::unique("cluster-groups");
@@ -196,12 +197,25 @@ async fn a_pool_of_slot_groups_spreads_over_the_cluster_s_masters() {
                 held[cluster.serving(&format!("{{{tag}}}"))] += jobs;
             }
             if held.iter().all(|&jobs| jobs > 0) || tokio::time::Instant::now() > deadline {
-                return held;
+                // Its inboxes and reply streams are read when their
+                // doorbells ring: no reader holds a blocked XREAD.
+                let mut blocked = Vec::new();
+                for port in &ports {
+                    let mut node = pulse_testkit::connect(&format!("redis://127.0.0.1:{port}")).await;
+                    let info: String =
+                        redis::cmd("INFO").arg("clients").query_async(&mut node).await.unwrap();
+                    blocked.extend(
+                        info.lines().filter(|line| line.starts_with("blocked_clients:")).map(str::to_owned),
+                    );
+                }
+                return (held, blocked);
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     });
+    let (held, blocked) = held;
     assert!(held.iter().all(|&jobs| jobs > 0), "jobs per master: {held:?}");
+    assert!(blocked.iter().all(|line| line == "blocked_clients:0"), "blocked readers: {blocked:?}");
 }
 
 /// A master serving some of a grouped pool's slot groups is killed and

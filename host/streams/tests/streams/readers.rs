@@ -215,3 +215,71 @@ async fn a_waiting_reader_stops_reading_while_its_subscriber_is_full_and_skips_n
     reader.close().await;
     destroy_and_check(&stream, &name).await;
 }
+
+/// On a cluster, a reader with a doorbell holds no blocked `XREAD`: it
+/// reads when a script that adds an entry rings the stream's shard
+/// channel, and, with a poll longer than the test, not before. What is
+/// added without a ring waits for the next ring. Closing it unsubscribes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_a_reader_with_a_doorbell_reads_when_rung_and_blocks_no_connection() {
+    let mut cluster = pulse_testkit::RedisCluster::start(3, 0);
+    let ports: Vec<u16> = cluster.nodes().iter().map(pulse_testkit::RedisServer::port).collect();
+    let redis = pulse_redis::Redis::open(&cluster.url()).unwrap();
+    let name = unique("doorbell");
+    let stream = pulse_streams::Stream::open(&redis, &name, StreamOptions::default()).await.unwrap();
+    let key = pulse_streams::stream_key(&name, &name);
+    let options = ReaderOptions::default().doorbell(true).poll(Duration::from_secs(3600));
+    let reader = stream.reader(options).await.unwrap();
+    let mut subscription = reader.subscribe();
+    let master = cluster.serving(&key);
+    let mut node = pulse_testkit::connect(&format!("redis://127.0.0.1:{}", ports[master])).await;
+    let subscribers = |node: &mut redis::aio::MultiplexedConnection| {
+        let mut node = node.clone();
+        let key = key.clone();
+        async move {
+            let reply: (String, u64) =
+                redis::cmd("PUBSUB").arg("SHARDNUMSUB").arg(&key).query_async(&mut node).await.unwrap();
+            reply.1
+        }
+    };
+    wait_until("the doorbell is subscribed", || subscribers(&mut node), |n| n == 1).await;
+
+    // As the pool's scripts add to an inbox: the entry and the ring in one step.
+    let ringing = redis::Script::new(
+        "redis.call('XADD', KEYS[1], '*', 'n', 'e', 'p', ARGV[1]) redis.call('SPUBLISH', KEYS[1], '')",
+    );
+    let mut conn = redis.shared().await.unwrap();
+    let () = ringing.key(&key).arg("rung-1").invoke_async(&mut conn).await.unwrap();
+    assert_eq!(payloads(&events(&mut subscription, 1).await), ["rung-1"]);
+    // Added without a ring: not read until the next ring, then in order.
+    stream.add("e", b"quiet", None).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(subscription.try_recv().is_none(), "read without a ring, with a poll of an hour");
+    let () = ringing.key(&key).arg("rung-2").invoke_async(&mut conn).await.unwrap();
+    assert_eq!(payloads(&events(&mut subscription, 2).await), ["quiet", "rung-2"]);
+
+    for (index, port) in ports.iter().enumerate() {
+        let mut each = pulse_testkit::connect(&format!("redis://127.0.0.1:{port}")).await;
+        let info: String = redis::cmd("INFO").arg("clients").query_async(&mut each).await.unwrap();
+        assert!(info.contains("blocked_clients:0"), "a blocked client on master {index}: {info}");
+    }
+    reader.close().await;
+    wait_until("the doorbell is unsubscribed", || subscribers(&mut node), |n| n == 0).await;
+}
+
+/// Polls `read` until `done` holds of what it returns, for [`PATIENCE`].
+async fn wait_until<T: std::fmt::Debug, F: std::future::Future<Output = T>>(
+    what: &str,
+    mut read: impl FnMut() -> F,
+    done: impl Fn(T) -> bool,
+) {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let value = read().await;
+        if done(value) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what}: not within {PATIENCE:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
