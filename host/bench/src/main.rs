@@ -26,8 +26,9 @@
 //!   Redis commands and CPU per job. Options: `--jobs N` (default 20,000;
 //!   5,000 for `echo-job`, 2,000 for `slow`, 400 for `slow-serial`),
 //!   `--redis URL` (default: a private `redis-server`), `--redis cluster`
-//!   (a private single server, then a private cluster of 3 masters with
-//!   `--groups N` slot groups, default 16: the same lines on both, with
+//!   (a private single server, then a private cluster of 3 masters, or
+//!   `--masters N`, with `--groups N` slot groups, default 16: the same
+//!   lines on both, with
 //!   the Redis CPU summed over the masters, the busiest one's share and
 //!   the errors Redis answered; `noop` and `batch-pool` only),
 //!   `--groups N` (the pools' slot groups), `--workers N` (the no-op
@@ -92,7 +93,7 @@ use std::process::ExitCode;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-const USAGE: &str = "usage: pulse-bench SCENARIO [--quick] [--jobs N] [--redis URL] [--confirm-replicas N] [--groups N] [--workers N]\nscenarios: runtime [echo|python-echo|js-echo]..., dispatch [noop|echo-job|echo-worker|echo-http|slow|slow-serial|batch]..., idle, fetch, failover, rebalance, ticker, rollout, listing, density [job|worker]...";
+const USAGE: &str = "usage: pulse-bench SCENARIO [--quick] [--jobs N] [--redis URL] [--confirm-replicas N] [--groups N] [--masters N] [--workers N]\nscenarios: runtime [echo|python-echo|js-echo]..., dispatch [noop|echo-job|echo-worker|echo-http|slow|slow-serial|batch]..., idle, fetch, failover, rebalance, ticker, rollout, listing, density [job|worker]...";
 
 /// Parsed command line.
 #[derive(Debug)]
@@ -114,6 +115,9 @@ pub struct Args {
     pub confirm_replicas: Option<u32>,
     /// `--groups N`: the pools' slot groups.
     pub groups: Option<u32>,
+    /// `--masters N` (dispatch with `--redis cluster`): the private
+    /// cluster's masters, default 3.
+    pub masters: Option<usize>,
     /// Everything else, in order.
     pub rest: Vec<String>,
 }
@@ -127,6 +131,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
         workers: None,
         confirm_replicas: None,
         groups: None,
+        masters: None,
         rest: Vec::new(),
     };
     while let Some(arg) = args.next() {
@@ -161,6 +166,15 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
                     .ok()
                     .filter(|n| n.is_power_of_two() && *n <= 64)
                     .ok_or_else(|| format!("--groups takes 1, 2, 4, 8, 16, 32 or 64, got {value:?}"))
+                    .map(Some)?;
+            }
+            "--masters" => {
+                let value = args.next().ok_or("--masters needs a number")?;
+                parsed.masters = value
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| (1..=16).contains(n))
+                    .ok_or_else(|| format!("--masters takes 1 to 16, got {value:?}"))
                     .map(Some)?;
             }
             other if other.starts_with("--") => return Err(format!("unknown option {other}")),

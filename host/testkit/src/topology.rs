@@ -23,7 +23,8 @@ pub struct RedisCluster {
 
 impl RedisCluster {
     /// Starts `masters` masters with `replicas` replicas each, joined into
-    /// one cluster with `redis-cli --cluster create`, and waits until every
+    /// one cluster with `redis-cli --cluster create` (by hand below 3
+    /// masters, without replicas), and waits until every
     /// node says the cluster is `ok` and every replica is in sync. Nodes give up on a silent peer after
     /// a second (`cluster-node-timeout`), so a killed master's replica is
     /// promoted within a few seconds.
@@ -41,6 +42,9 @@ impl RedisCluster {
         ];
         let nodes: Vec<RedisServer> =
             (0..masters * (1 + replicas)).map(|_| RedisServer::start_tcp_with(&args)).collect();
+        if masters < 3 {
+            return Self::assemble(nodes, masters, replicas);
+        }
         let mut create = std::process::Command::new("redis-cli");
         create.arg("--cluster").arg("create");
         for node in &nodes {
@@ -62,6 +66,36 @@ impl RedisCluster {
         // A replica still in its first sync acknowledges nothing.
         for node in &cluster.nodes[masters..] {
             wait_for(node.port(), &["INFO", "replication"], |info| info.contains("master_link_status:up"));
+        }
+        cluster
+    }
+
+    /// A cluster of fewer than 3 masters, which `redis-cli --cluster
+    /// create` refuses: each master takes an equal range of slots, and
+    /// the others meet the first.
+    fn assemble(nodes: Vec<RedisServer>, masters: usize, replicas: usize) -> Self {
+        assert!(masters >= 1 && replicas == 0, "fewer than 3 masters: without replicas only");
+        let step = 16_384 / masters;
+        for (index, node) in nodes.iter().enumerate() {
+            let first = index * step;
+            let last = if index + 1 == masters { 16_383 } else { first + step - 1 };
+            let added =
+                cli(node.port(), &["CLUSTER", "ADDSLOTSRANGE", &first.to_string(), &last.to_string()]);
+            assert_eq!(
+                added.as_deref().map(str::trim),
+                Some("OK"),
+                "port {}: CLUSTER ADDSLOTSRANGE",
+                node.port()
+            );
+            if index > 0 {
+                cli(node.port(), &["CLUSTER", "MEET", "127.0.0.1", &nodes[0].port().to_string()]);
+            }
+        }
+        let cluster = Self { nodes, masters };
+        for node in &cluster.nodes {
+            wait_for(node.port(), &["CLUSTER", "INFO"], |info| {
+                info.contains("cluster_state:ok") && info.contains(&format!("cluster_known_nodes:{masters}"))
+            });
         }
         cluster
     }

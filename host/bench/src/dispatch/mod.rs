@@ -182,7 +182,7 @@ pub fn run(args: &Args) -> BenchResult {
 
 /// A Redis the scenario runs on, up while it runs: a private server, one
 /// with a replica (to confirm dispatches on), the one `--redis` names, or
-/// a private cluster of three masters.
+/// a private cluster (of three masters unless `--masters` says).
 struct Deployment {
     /// `single` or `cluster`: the `layout` field of its lines.
     layout: &'static str,
@@ -211,7 +211,7 @@ impl Deployment {
         };
         Ok(match (args.redis.as_deref(), args.confirm_replicas) {
             (Some("cluster"), _) => {
-                let mut cluster = pulse_testkit::RedisCluster::start(3, 0);
+                let mut cluster = pulse_testkit::RedisCluster::start(args.masters.unwrap_or(3), 0);
                 let masters =
                     cluster.nodes().iter().map(|node| format!("redis://127.0.0.1:{}", node.port())).collect();
                 let grouped = Self {
