@@ -30,7 +30,10 @@ local r = redis.call('HMGET', record, 'payload', 'created', 'attempt', 'state', 
 local has_state = r[4] and '1' or '0'
 local start = ns(key) .. ns(token) .. ns('0') .. ns(r[6] or '') .. ns(r[7] or '') .. ns(r[3] or '1')
   .. ns(r[5] or '0') .. ns(r[2] or '') .. ns(r[1] or '') .. ns(has_state) .. ns(r[4] or '') .. ns(r[8] or '')
-redis.call('XADD', KEYS[6], '*', 'n', 'start', 'p', start)
+local ringing, rings = ARGV[4] == '1', {}
+local prev = ringing and last_id(KEYS[6])
+local id = redis.call('XADD', KEYS[6], '*', 'n', 'start', 'p', start)
+if ringing then rings[1] = rung(id, 'start', start) end
 note(record, 'started', worker)
 if r[6] then redis.call('HDEL', record, 'reply', 'request') end
 local seq = job.seq
@@ -41,11 +44,12 @@ for _, held_entry in ipairs(redis.call('LRANGE', held, 0, -1)) do
     seq = seq + 1
     local p = ns(key) .. ns(token) .. ns(tostring(seq)) .. ns(event[2]) .. ns(event[3])
     if event[1] == 'notify' then p = p .. ns(event[4]) end
-    redis.call('XADD', KEYS[6], '*', 'n', event[1], 'p', p)
+    id = redis.call('XADD', KEYS[6], '*', 'n', event[1], 'p', p)
+    if ringing then rings[#rings + 1] = rung(id, event[1], p) end
   end
 end
 redis.call('DEL', held)
-ring(KEYS[6], ARGV[4])
+if ringing then ring(KEYS[6], prev, rings) end
 redis.call('HSET', jobs, key, ownership('running', worker, token, seq))
 redis.call('SREM', KEYS[5], key)
 redis.call('SADD', KEYS[7], key)

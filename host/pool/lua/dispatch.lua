@@ -47,7 +47,8 @@ local function keep(record, payload, created)
     redis.call('HSET', record, 'payload', payload, 'created', created, 'attempt', '1', 'trace', trace)
   end
 end
-local answers, claimed = {}, {}
+local answers, claimed, rings = {}, {}, {}
+local prev = ARGV[7] == '1' and worker ~= '' and last_id(KEYS[5])
 for i = 1, n do
   local key, payload, request = ARGV[5 + 3 * i], ARGV[6 + 3 * i], ARGV[7 + 3 * i]
   local record = KEYS[6 + i]
@@ -70,11 +71,12 @@ for i = 1, n do
       .. ns_head(#request) .. request .. ',' .. after_request .. ns_head(#payload) .. payload .. ','
       .. after_payload
     local id = redis.call('XADD', KEYS[5], '*', 'n', 'start', 'p', event)
+    if prev then rings[#rings + 1] = rung(id, 'start', event) end
     keep(record, payload, string.match(id, '^(%d+)'))
     claimed[#claimed + 1] = key
     answers[i] = {'sent', token}
   end
 end
 if #claimed > 0 then redis.call('SADD', worker == '' and KEYS[4] or KEYS[6], unpack(claimed)) end
-if #claimed > 0 and worker ~= '' then ring(KEYS[5], ARGV[7]) end
+if #rings > 0 then ring(KEYS[5], prev, rings) end
 return answers

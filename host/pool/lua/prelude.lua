@@ -60,13 +60,28 @@ local function take_tokens(counter, n)
   return redis.call('INCRBY', counter, tonumber(t[1]) * 1000000 + tonumber(t[2]))
 end
 
--- Rings the doorbell of `stream` when `on` is '1': a message on its shard
--- channel of the same name, for readers that wait for it instead of
--- blocking in XREAD (on a cluster with slot groups: pulse_redis's
--- doorbell.rs says why). In the step that adds the entries, so a reader
--- that read before the step hears of them.
-local function ring(stream, on)
-  if on == '1' then redis.call('SPUBLISH', stream, '') end
+-- Rings the doorbell of `stream`: the id of the entry before the ones
+-- added (`last_id`, taken before adding), then `entries` (what `rung` made
+-- of each), on its shard channel of the same name, for a reader that
+-- takes them from there instead of blocking in XREAD. Scripts ring when
+-- their caller passes '1' (on a cluster with slot groups: pulse_redis's
+-- doorbell.rs says why), in the step that adds the entries. The reader
+-- takes the entries only when it has read up to the one before them: an
+-- entry added by a writer that does not ring (a host of an earlier
+-- version) is then read from the stream, never skipped.
+local function ring(stream, prev, entries)
+  redis.call('SPUBLISH', stream, ns(prev) .. table.concat(entries))
+end
+
+-- The id of the last entry `stream` holds, '0-0' when none.
+local function last_id(stream)
+  local last = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', 1)[1]
+  return last and last[1] or '0-0'
+end
+
+-- One entry of a ring: its id, name and payload, as the stream holds it.
+local function rung(id, name, payload)
+  return ns_head(#id) .. id .. ',' .. ns_head(#name) .. name .. ',' .. ns_head(#payload) .. payload .. ','
 end
 
 -- A held event, waiting in a job's held list for the job's next start:

@@ -51,7 +51,8 @@ if kind == 'notify' then
   -- started the job, which its span links to (read only when traced).
   if ARGV[7] ~= '' then p = p .. ns(ARGV[7]) .. ns(redis.call('HGET', record, 'trace') or '') end
 end
-redis.call('XADD', KEYS[4], '*', 'n', kind, 'p', p)
-ring(KEYS[4], ARGV[8])
+local prev = ARGV[8] == '1' and last_id(KEYS[4])
+local id = redis.call('XADD', KEYS[4], '*', 'n', kind, 'p', p)
+if prev then ring(KEYS[4], prev, {rung(id, kind, p)}) end
 redis.call('HSET', jobs, key, ownership(job.state, job.worker, job.token, seq))
 return {'sent'}

@@ -96,9 +96,11 @@ end
 -- The answers and the inbox entries processed.
 local at_arg = 8 + 4 * n
 for a = 0, answers - 1 do
-  redis.call('XADD', KEYS[at_key + a], 'NOMKSTREAM', 'MAXLEN', '~', ARGV[4], '*',
-    'n', ARGV[at_arg + 2 * a], 'p', ARGV[at_arg + 2 * a + 1])
-  ring(KEYS[at_key + a], ARGV[7])
+  local name, payload = ARGV[at_arg + 2 * a], ARGV[at_arg + 2 * a + 1]
+  local prev = ARGV[7] == '1' and last_id(KEYS[at_key + a])
+  local id = redis.call('XADD', KEYS[at_key + a], 'NOMKSTREAM', 'MAXLEN', '~', ARGV[4], '*', 'n', name, 'p', payload)
+  -- A node that is gone has no stream, so nobody to ring.
+  if id and prev then ring(KEYS[at_key + a], prev, {rung(id, name, payload)}) end
 end
 local deletes = {}
 for i = at_arg + 2 * answers, #ARGV do deletes[#deletes + 1] = ARGV[i] end

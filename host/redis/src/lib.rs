@@ -11,8 +11,9 @@
 //!   (a blocked read would hold up every command queued behind it).
 //! - [`Redis::subscribe`]: the messages of one pub/sub channel, ending
 //!   when the connection drops, so the subscriber knows to catch up.
-//! - [`Redis::doorbell`]: on a cluster, wake-ups for a stream's readers
-//!   (sharded pub/sub), shared by every stream of the process.
+//! - [`Redis::doorbell`]: on a cluster, what a stream's writers publish
+//!   for its readers (sharded pub/sub), on one connection for every
+//!   stream of the process.
 //!
 //! # Layout
 //! - `target`: the URL forms ([`Redis::open`]), their settings (TLS, ACL
@@ -40,7 +41,7 @@ mod subscribe;
 mod target;
 
 pub use dedicated::Dedicated;
-pub use doorbell::Doorbell;
+pub use doorbell::{Doorbell, Ring};
 pub use shared::{Shared, key_slot};
 pub use subscribe::Subscription;
 pub use target::{Error, Form, Redis};

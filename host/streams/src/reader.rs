@@ -119,15 +119,20 @@ impl ReaderOptions {
         self
     }
 
-    /// On a cluster, read when the stream's doorbell rings (see
+    /// On a cluster, take entries from the stream's doorbell (see
     /// [`pulse_redis::Doorbell`]) instead of blocking in `XREAD` on a
-    /// connection of its own: the reads go on the shared connection,
-    /// without blocking, after each ring and at least every `poll`
-    /// ([`DOORBELL_POLL`] by default, see [`ReaderOptions::poll`]). For
-    /// streams whose writers publish the stream's key name with
-    /// `SPUBLISH` after each entry, in the same script; what a writer adds
-    /// without it is read within `poll`. Elsewhere the reader blocks as
-    /// without it.
+    /// connection of its own. For streams whose writers publish, in the
+    /// script that adds entries, `SPUBLISH <stream key> <message>`: the
+    /// netstring of the id of the stream's last entry before them
+    /// (`0-0` for none), then for each entry the netstrings of its id,
+    /// name and payload. The reader takes the entries when it has read up
+    /// to that id, and otherwise reads the stream (what a writer that does
+    /// not publish added is never skipped). It reads the stream, without
+    /// blocking, on the shared connection, where the doorbell says
+    /// messages may have been missed and at least every `poll`
+    /// ([`DOORBELL_POLL`] by default, see [`ReaderOptions::poll`]): what a
+    /// writer adds without publishing is read within `poll`. Elsewhere
+    /// the reader blocks as without it.
     #[must_use]
     pub fn doorbell(mut self, doorbell: bool) -> Self {
         self.doorbell = doorbell;
@@ -337,46 +342,128 @@ async fn doorbell(shared: &ReaderShared, token: &CancellationToken) -> Option<Op
     }
 }
 
-/// Reads after each ring of `bell`, and every `poll` without one, on the
-/// shared connection without blocking.
+/// Takes the entries each message of `bell` brings; reads the stream
+/// (without blocking, on the shared connection) at the start, where the
+/// doorbell says messages may have been missed, for a message without
+/// entries, and every `poll` without a ring.
 async fn read_when_rung(shared: &ReaderShared, bell: &pulse_redis::Doorbell, token: &CancellationToken) {
     let stream = &shared.stream.inner;
     let mut backoff = Backoff::new();
     let mut conn = stream.conn.clone();
+    // The bell listens already: what is added after this first read rings.
+    let mut must_read = true;
     loop {
-        // The bell was subscribed before this first read: an entry added
-        // after a read rings for the next one.
-        let cursor = lock(&shared.cursor).clone().unwrap_or_else(|| "0-0".to_owned());
-        let mut cmd = redis::cmd("XREAD");
-        cmd.arg("COUNT").arg(shared.options.count).arg("STREAMS").arg(&stream.keys.stream).arg(&cursor);
-        let read = cmd.query_async::<Option<StreamReadReply>>(&mut conn);
-        let reply = tokio::select! {
+        if must_read {
+            let cursor = lock(&shared.cursor).clone().unwrap_or_else(|| "0-0".to_owned());
+            let mut cmd = redis::cmd("XREAD");
+            cmd.arg("COUNT").arg(shared.options.count).arg("STREAMS").arg(&stream.keys.stream).arg(&cursor);
+            let read = cmd.query_async::<Option<StreamReadReply>>(&mut conn);
+            let reply = tokio::select! {
+                biased;
+                () = token.cancelled() => return,
+                reply = read => reply,
+            };
+            match reply {
+                Ok(reply) => {
+                    backoff.reset();
+                    let Some(read) = take(shared, reply, token).await else { return };
+                    must_read = read >= shared.options.count;
+                }
+                Err(error) => {
+                    tracing::debug!(error = %error, "read failed; retrying");
+                    if !backoff.wait(token).await {
+                        return;
+                    }
+                }
+            }
+            continue;
+        }
+        let ring = tokio::select! {
             biased;
             () = token.cancelled() => return,
-            reply = read => reply,
+            ring = bell.next() => Some(ring),
+            () = tokio::time::sleep(shared.options.poll) => None,
         };
-        match reply {
-            Ok(reply) => {
-                backoff.reset();
-                let Some(read) = take(shared, reply, token).await else { return };
-                if read >= shared.options.count {
-                    continue;
+        must_read = match ring {
+            Some(pulse_redis::Ring::Message(message)) => match decode_ring(&message) {
+                // The entries follow what the reader has read: taken.
+                Some((prev, entries)) if !after_cursor(shared, &prev) => {
+                    if !take_rung(shared, entries, token).await {
+                        return;
+                    }
+                    false
                 }
-                tokio::select! {
-                    biased;
-                    () = token.cancelled() => return,
-                    () = bell.rung() => {}
-                    () = tokio::time::sleep(shared.options.poll) => {}
+                // Something before them is unread (added by a writer that
+                // does not ring, or announced by a ring that was lost),
+                // or a ring this version cannot read: the stream has it
+                // all.
+                _ => true,
+            },
+            Some(pulse_redis::Ring::Missed) | None => true,
+        };
+    }
+}
+
+/// What a ring brings: the id of the entry before its entries, and its
+/// entries, each as the netstrings of its id, name and payload (see the
+/// pool's `ring` in lua/prelude.lua); `None` when malformed.
+fn decode_ring(message: &[u8]) -> Option<(String, Vec<Event>)> {
+    let mut fields = Vec::new();
+    let mut rest = message;
+    while !rest.is_empty() {
+        let colon = rest.iter().position(|&b| b == b':')?;
+        let len: usize = std::str::from_utf8(&rest[..colon]).ok()?.parse().ok()?;
+        let body = rest.get(colon + 1..colon + 1 + len)?;
+        if rest.get(colon + 1 + len) != Some(&b',') {
+            return None;
+        }
+        fields.push(body);
+        rest = &rest[colon + 2 + len..];
+    }
+    if fields.len() % 3 != 1 {
+        return None;
+    }
+    let prev = String::from_utf8(fields[0].to_vec()).ok()?;
+    let entries = fields[1..]
+        .chunks(3)
+        .map(|entry| {
+            Some(Event {
+                id: String::from_utf8(entry[0].to_vec()).ok()?,
+                name: String::from_utf8(entry[1].to_vec()).ok()?,
+                topic: None,
+                payload: entry[2].to_vec(),
+            })
+        })
+        .collect::<Option<Vec<Event>>>()?;
+    Some((prev, entries))
+}
+
+/// Whether entry id `id` comes after the last one the reader read.
+fn after_cursor(shared: &ReaderShared, id: &str) -> bool {
+    lock(&shared.cursor).as_deref().is_none_or(|cursor| crate::id_after(id, cursor))
+}
+
+/// Delivers the entries a ring brought that come after the cursor, and
+/// moves it past them; false once the reader is closed.
+async fn take_rung(shared: &ReaderShared, entries: Vec<Event>, token: &CancellationToken) -> bool {
+    for event in entries {
+        if !after_cursor(shared, &event.id) {
+            // Read already, by a read that came before the ring.
+            continue;
+        }
+        let id = event.id.clone();
+        if shared.options.filter.accepts(&event) {
+            if shared.options.overflow == Overflow::Wait {
+                if !deliver_waiting(shared, event, token).await {
+                    return false;
                 }
-            }
-            Err(error) => {
-                tracing::debug!(error = %error, "read failed; retrying");
-                if !backoff.wait(token).await {
-                    return;
-                }
+            } else {
+                deliver(shared, event);
             }
         }
+        *lock(&shared.cursor) = Some(id);
     }
+    true
 }
 
 /// Reads with `XREAD BLOCK` on a connection of its own.
@@ -520,4 +607,22 @@ async fn deliver_waiting(shared: &ReaderShared, event: Event, token: &Cancellati
         lock(&shared.subscribers).retain(|subscriber| !subscriber.events.is_closed());
     }
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ring_brings_the_id_before_it_and_its_entries() {
+        let (prev, entries) = decode_ring(b"3:1-0,3:2-0,5:start,2:ab,3:3-0,6:notify,0:,").unwrap();
+        assert_eq!(prev, "1-0");
+        let ids: Vec<&str> = entries.iter().map(|e| e.id.as_str()).collect();
+        assert_eq!(ids, ["2-0", "3-0"]);
+        assert_eq!((entries[0].name.as_str(), entries[0].payload.as_slice()), ("start", &b"ab"[..]));
+        assert_eq!((entries[1].name.as_str(), entries[1].payload.as_slice()), ("notify", &b""[..]));
+        for malformed in [&b""[..], b"3:1-0,3:2-0,", b"3:1-0,3:2-0,5:start,9:ab,", b"3:1-0;", b"x:1-0,"] {
+            assert_eq!(decode_ring(malformed), None, "{}", String::from_utf8_lossy(malformed));
+        }
+    }
 }

@@ -384,18 +384,15 @@ impl EmitQueue {
         }
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
-        let script = !batch.writes.is_empty();
         let replies = replies(&batch.answers);
+        // With doorbells, answers ring with their entries, whose ids only
+        // the script knows.
+        let script = !batch.writes.is_empty() || (core.doorbells && !batch.is_empty());
         if script {
             pipe.add_command(write_cmd(core, &self.worker, batch, &replies));
         } else {
             for reply in &replies {
                 pipe.add_command(reply_cmd(reply));
-                if core.doorbells {
-                    // As `write.lua` does (see `Core::doorbells`); an
-                    // answer to a node that is gone rings nobody.
-                    pipe.cmd("SPUBLISH").arg(&reply.stream).arg("");
-                }
             }
             if !batch.deletes.is_empty() {
                 // XDEL, not XTRIM MINID: entries are processed out of order

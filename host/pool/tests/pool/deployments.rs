@@ -338,6 +338,25 @@ async fn a_pool_keeps_running_while_its_slot_migrates() {
     assert_eq!(cluster.serving(&format!("{{{pool}}}")), to, "the slot moved");
 }
 
+/// A slot group's slot moves to another master while jobs are dispatched
+/// to every group: its readers' subscriptions are dropped by the old
+/// master and made again on the new one, and the entries announced in
+/// between are read from the streams.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_of_slot_groups_keeps_running_while_a_group_s_slot_migrates() {
+    let (cluster, redis, pool, _) = cluster_with_replicas("groups-migrate").await;
+    let tag = format!("{{{}}}", pulse_pool::group_tag(&pool, 1, 16));
+    let serving = cluster.serving(&tag);
+    let to = (serving + 1) % 3;
+    let moved = tag.clone();
+    let cluster = run_through_a_failover_in(&redis, &pool, 16, move || {
+        cluster.migrate_slot_of(&moved, to);
+        cluster
+    })
+    .await;
+    assert_eq!(cluster.serving(&tag), to, "the slot moved");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_follows_a_sentinel_failover() {
     let set = RedisSentinels::start();

@@ -217,11 +217,12 @@ async fn a_waiting_reader_stops_reading_while_its_subscriber_is_full_and_skips_n
 }
 
 /// On a cluster, a reader with a doorbell holds no blocked `XREAD`: it
-/// reads when a script that adds an entry rings the stream's shard
-/// channel, and, with a poll longer than the test, not before. What is
-/// added without a ring waits for the next ring. Closing it unsubscribes.
+/// takes the entries a script publishes with them, without reading the
+/// stream, and with a poll longer than the test, reads nothing before a
+/// ring. An entry added without a ring is read from the stream at the
+/// next ring, in its place, not skipped. Closing the reader unsubscribes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn on_a_cluster_a_reader_with_a_doorbell_reads_when_rung_and_blocks_no_connection() {
+async fn on_a_cluster_a_reader_with_a_doorbell_takes_what_rings_and_skips_nothing() {
     let mut cluster = pulse_testkit::RedisCluster::start(3, 0);
     let ports: Vec<u16> = cluster.nodes().iter().map(pulse_testkit::RedisServer::port).collect();
     let redis = pulse_redis::Redis::open(&cluster.url()).unwrap();
@@ -232,8 +233,8 @@ async fn on_a_cluster_a_reader_with_a_doorbell_reads_when_rung_and_blocks_no_con
     let reader = stream.reader(options).await.unwrap();
     let mut subscription = reader.subscribe();
     let master = cluster.serving(&key);
-    let mut node = pulse_testkit::connect(&format!("redis://127.0.0.1:{}", ports[master])).await;
-    let subscribers = |node: &mut redis::aio::MultiplexedConnection| {
+    let node = pulse_testkit::connect(&format!("redis://127.0.0.1:{}", ports[master])).await;
+    let subscribers = || {
         let mut node = node.clone();
         let key = key.clone();
         async move {
@@ -242,21 +243,47 @@ async fn on_a_cluster_a_reader_with_a_doorbell_reads_when_rung_and_blocks_no_con
             reply.1
         }
     };
-    wait_until("the doorbell is subscribed", || subscribers(&mut node), |n| n == 1).await;
+    let reads = || {
+        let mut node = node.clone();
+        async move {
+            let stats: String = redis::cmd("INFO").arg("commandstats").query_async(&mut node).await.unwrap();
+            stats
+                .lines()
+                .find_map(|line| line.strip_prefix("cmdstat_xread:calls="))
+                .and_then(|rest| rest.split(',').next())
+                .map_or(0, |calls| calls.parse::<u64>().unwrap())
+        }
+    };
+    wait_until("the doorbell is subscribed", subscribers, |n| n == 1).await;
 
-    // As the pool's scripts add to an inbox: the entry and the ring in one step.
+    // As the pool's scripts add to an inbox: the entry and its ring, with
+    // the id before it, in one step.
     let ringing = redis::Script::new(
-        "redis.call('XADD', KEYS[1], '*', 'n', 'e', 'p', ARGV[1]) redis.call('SPUBLISH', KEYS[1], '')",
+        "local function ns(s) return #s .. ':' .. s .. ',' end
+         local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)[1]
+         local prev = last and last[1] or '0-0'
+         local id = redis.call('XADD', KEYS[1], '*', 'n', 'e', 'p', ARGV[1])
+         redis.call('SPUBLISH', KEYS[1], ns(prev) .. ns(id) .. ns('e') .. ns(ARGV[1]))",
     );
     let mut conn = redis.shared().await.unwrap();
     let () = ringing.key(&key).arg("rung-1").invoke_async(&mut conn).await.unwrap();
     assert_eq!(payloads(&events(&mut subscription, 1).await), ["rung-1"]);
-    // Added without a ring: not read until the next ring, then in order.
+    // The reads at the start (and at the subscription's confirmation) are
+    // done once the first ring is taken; the next entry comes with its ring.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = reads().await;
+    let () = ringing.key(&key).arg("rung-2").invoke_async(&mut conn).await.unwrap();
+    assert_eq!(payloads(&events(&mut subscription, 1).await), ["rung-2"]);
+    assert_eq!(reads().await, before, "taken from the ring, not read");
+
+    // Added without a ring: not read until the next ring, which says an
+    // entry before its own is unread: both read, in order.
     stream.add("e", b"quiet", None).await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(subscription.try_recv().is_none(), "read without a ring, with a poll of an hour");
-    let () = ringing.key(&key).arg("rung-2").invoke_async(&mut conn).await.unwrap();
-    assert_eq!(payloads(&events(&mut subscription, 2).await), ["quiet", "rung-2"]);
+    let () = ringing.key(&key).arg("rung-3").invoke_async(&mut conn).await.unwrap();
+    assert_eq!(payloads(&events(&mut subscription, 2).await), ["quiet", "rung-3"]);
+    assert!(reads().await > before, "read from the stream");
 
     for (index, port) in ports.iter().enumerate() {
         let mut each = pulse_testkit::connect(&format!("redis://127.0.0.1:{port}")).await;
@@ -264,13 +291,13 @@ async fn on_a_cluster_a_reader_with_a_doorbell_reads_when_rung_and_blocks_no_con
         assert!(info.contains("blocked_clients:0"), "a blocked client on master {index}: {info}");
     }
     reader.close().await;
-    wait_until("the doorbell is unsubscribed", || subscribers(&mut node), |n| n == 0).await;
+    wait_until("the doorbell is unsubscribed", subscribers, |n| n == 0).await;
 }
 
 /// Polls `read` until `done` holds of what it returns, for [`PATIENCE`].
 async fn wait_until<T: std::fmt::Debug, F: std::future::Future<Output = T>>(
     what: &str,
-    mut read: impl FnMut() -> F,
+    read: impl Fn() -> F,
     done: impl Fn(T) -> bool,
 ) {
     let deadline = Instant::now() + PATIENCE;
