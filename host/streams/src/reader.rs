@@ -354,9 +354,7 @@ async fn read_when_rung(shared: &ReaderShared, bell: &pulse_redis::Doorbell, tok
     let mut must_read = true;
     loop {
         if must_read {
-            let cursor = lock(&shared.cursor).clone().unwrap_or_else(|| "0-0".to_owned());
-            let mut cmd = redis::cmd("XREAD");
-            cmd.arg("COUNT").arg(shared.options.count).arg("STREAMS").arg(&stream.keys.stream).arg(&cursor);
+            let cmd = xread(shared, None);
             let read = cmd.query_async::<Option<StreamReadReply>>(&mut conn);
             let reply = tokio::select! {
                 biased;
@@ -472,7 +470,7 @@ async fn read_blocking(shared: &ReaderShared, token: &CancellationToken) {
     let mut backoff = Backoff::new();
     let mut conn = None;
     loop {
-        let cursor = lock(&shared.cursor).clone().unwrap_or_else(|| "0-0".to_owned());
+        let cmd = xread(shared, Some(shared.options.block));
         let read = async {
             // A connection of its own: a blocked XREAD holds its connection,
             // and dropping it is what makes close prompt. A new connection
@@ -485,16 +483,7 @@ async fn read_blocking(shared: &ReaderShared, token: &CancellationToken) {
                     conn.insert(fresh)
                 }
             };
-            redis::cmd("XREAD")
-                .arg("COUNT")
-                .arg(shared.options.count)
-                .arg("BLOCK")
-                .arg(u64::try_from(shared.options.block.as_millis()).unwrap_or(u64::MAX))
-                .arg("STREAMS")
-                .arg(&stream.keys.stream)
-                .arg(&cursor)
-                .query_async::<Option<StreamReadReply>>(conn)
-                .await
+            cmd.query_async::<Option<StreamReadReply>>(conn).await
         };
         let reply = tokio::select! {
             biased;
@@ -517,6 +506,18 @@ async fn read_blocking(shared: &ReaderShared, token: &CancellationToken) {
             }
         }
     }
+}
+
+/// `XREAD` of what follows the cursor, blocking up to `block` if given.
+fn xread(shared: &ReaderShared, block: Option<Duration>) -> redis::Cmd {
+    let cursor = lock(&shared.cursor).clone().unwrap_or_else(|| "0-0".to_owned());
+    let mut cmd = redis::cmd("XREAD");
+    cmd.arg("COUNT").arg(shared.options.count);
+    if let Some(block) = block {
+        cmd.arg("BLOCK").arg(u64::try_from(block.as_millis()).unwrap_or(u64::MAX));
+    }
+    cmd.arg("STREAMS").arg(&shared.stream.inner.keys.stream).arg(cursor);
+    cmd
 }
 
 /// Delivers the entries of `reply` and moves the cursor past them: how
