@@ -12,6 +12,8 @@
 //! about half as many starts per second as without `WAIT`; with 16, about
 //! two thirds); each is made when first needed (a
 //! node that dispatches nothing opens none) and again after a failure.
+//! The slot groups of a pool share them: on a cluster each carries a
+//! group's scripts and their `WAIT` to that group's master.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;

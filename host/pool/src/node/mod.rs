@@ -71,7 +71,7 @@ pub struct Node {
     client_only: bool,
     pub(crate) local_workers: LocalWorkers,
     /// With `confirm_replicas`: the connections dispatches go on.
-    confirm: Option<confirm::Confirm>,
+    confirm: Option<Arc<confirm::Confirm>>,
     /// Becomes true once the pool shut down and this node's workers left.
     stopped: tokio::sync::watch::Receiver<bool>,
     /// The pool's other slot groups (none for a pool of one group), each
@@ -135,7 +135,12 @@ impl Node {
         // A ULID: unique across hosts (every container's process may be
         // pid 1) and sortable by when the node joined.
         let id = ulid::Ulid::new().to_string();
-        let start = |keys| Self::start_group(client, conn.clone(), keys, &options, client_only, &id);
+        // One set of confirming connections for every group: each sends a
+        // group's scripts with their `WAIT`, to the group's master.
+        let confirm = confirm::Confirm::new(client, &options).map(Arc::new);
+        let start = |keys| {
+            Self::start_group(client, conn.clone(), keys, &options, (client_only, confirm.clone()), &id)
+        };
         // Group 0 first: its epoch says whether the pool has `groups`
         // groups before any other group's keys are written.
         let mut node = start(keys).await?;
@@ -158,7 +163,7 @@ impl Node {
         conn: pulse_redis::Shared,
         keys: PoolKeys,
         options: &NodeOptions,
-        client_only: bool,
+        (client_only, confirm): (bool, Option<Arc<confirm::Confirm>>),
         id: &str,
     ) -> Result<Self> {
         let mut options = options.clone();
@@ -176,7 +181,6 @@ impl Node {
             }
         }
         let (epoch, slot_count) = core::pool_epoch(&conn, &keys, options.slot_groups).await?;
-        let confirm = confirm::Confirm::new(client, &options);
         let tag = MapOptions::default().hash_tag(&keys.tag);
         let slots = Map::join(client, SLOTS_MAP, tag.clone()).await?;
         let workers = Map::join(client, WORKERS_MAP, tag).await?;

@@ -425,3 +425,45 @@ async fn on_a_cluster_a_dispatch_is_confirmed_only_once_a_replica_holds_it() {
     let replica = cluster.replica_of(cluster.serving(&tag));
     confirmed_only_once_held(&redis, &pool, &cluster.nodes()[replica]).await;
 }
+
+/// A pool of 16 slot groups confirms on the replicas of each group's own
+/// master: with every replica stopped, no dispatch is confirmed, single or
+/// batched, whichever master its group is on (a `WAIT` sent to a master
+/// the scripts did not write to would answer at once); once they answer
+/// again, every one is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_of_slot_groups_confirms_each_dispatch_on_its_group_s_replica() {
+    let (mut cluster, redis, pool, _) = cluster_with_replicas("groups-confirm").await;
+    let replicas: Vec<usize> = (0..3).map(|master| cluster.replica_of(master)).collect();
+    let options = NodeOptions {
+        slot_groups: 16,
+        confirm_replicas: 1,
+        reply_timeout: Duration::from_millis(500),
+        ..crate::options()
+    };
+    let calls = Calls::default();
+    let node = Node::join(&redis, &pool, options).await.unwrap();
+    node.add_worker(Recording::new(&calls)).await.unwrap();
+    let keys = |prefix: &str| (0..12).map(|i| format!("{prefix}-{i}")).collect::<Vec<_>>();
+    let batch = |prefix: &str| keys(prefix).into_iter().map(|key| (key, Vec::new())).collect::<Vec<_>>();
+
+    for &replica in &replicas {
+        cluster.nodes()[replica].pause();
+    }
+    for key in keys("unheld") {
+        assert_eq!(node.dispatch(&key, b"").await.unwrap(), DispatchOutcome::Unconfirmed, "{key}");
+    }
+    for outcome in node.dispatch_batch(&batch("unheld-batch")).await {
+        assert_eq!(outcome.unwrap(), DispatchOutcome::Unconfirmed);
+    }
+    for &replica in &replicas {
+        cluster.nodes()[replica].resume();
+    }
+    for key in keys("held") {
+        assert_eq!(node.dispatch(&key, b"").await.unwrap(), DispatchOutcome::Started, "{key}");
+    }
+    for outcome in node.dispatch_batch(&batch("held-batch")).await {
+        assert_eq!(outcome.unwrap(), DispatchOutcome::Started);
+    }
+    node.close().await;
+}
