@@ -1,9 +1,14 @@
 //! The local copy of a map and the rule that keeps it equal to Redis.
 //!
 //! A change applies only when it is the next revision of the same epoch.
-//! An older revision is already reflected and is skipped; a gap or another
-//! epoch means the replica missed something (or the map was recreated), so
-//! it reloads the whole map instead of guessing.
+//! An older revision is already reflected and is skipped, but only until
+//! the first change heard after a snapshot applies: the older ones are
+//! those published between the subscription and the snapshot, and they
+//! come first. After that, a revision heard twice means Redis went back
+//! (a failover lost changes it had published) and new changes reuse the
+//! numbers: the replica reloads. A gap or another epoch means the replica
+//! missed something (or the map was recreated), so it reloads the whole
+//! map instead of guessing.
 
 use std::collections::HashMap;
 
@@ -24,6 +29,8 @@ pub(crate) struct Position {
 pub(crate) struct Replica {
     pub(crate) content: HashMap<String, String>,
     pub(crate) position: Position,
+    /// A change heard on the channel applied since the last snapshot.
+    live: bool,
 }
 
 /// What applying a change did.
@@ -58,6 +65,7 @@ impl Replica {
         }
         self.content = fields;
         self.position = Position { epoch, rev, snapshots: self.position.snapshots + 1 };
+        self.live = false;
         went_back
     }
 
@@ -68,7 +76,7 @@ impl Replica {
             return Applied::Resync;
         }
         if change.rev <= self.position.rev && !fresh_map {
-            return Applied::Stale;
+            return if self.live { Applied::Resync } else { Applied::Stale };
         }
         if change.rev != self.position.rev + 1 && !fresh_map {
             return Applied::Resync;
@@ -115,6 +123,7 @@ impl Replica {
         };
         self.position.epoch = Some(change.epoch);
         self.position.rev = change.rev;
+        self.live = true;
         Applied::Changed(event)
     }
 }
@@ -155,6 +164,27 @@ mod tests {
         assert_eq!(replica.apply(change("other", 5, set("a", "2"))), Applied::Resync, "another epoch");
         assert_eq!(replica.content["a"], "1");
         assert_eq!(replica.position.rev, 4);
+    }
+
+    #[test]
+    fn a_revision_heard_twice_after_a_live_change_means_redis_went_back() {
+        let mut replica = Replica::default();
+        replica.load(snapshot("e", 5));
+        assert_eq!(
+            replica.apply(change("e", 4, set("a", "queued"))),
+            Applied::Stale,
+            "published before the snapshot"
+        );
+        assert!(matches!(replica.apply(change("e", 6, set("a", "1"))), Applied::Changed(_)));
+        assert!(matches!(replica.apply(change("e", 7, set("a", "2"))), Applied::Changed(_)));
+        // Redis lost revisions 6 and 7 and numbers its next changes again.
+        assert_eq!(replica.apply(change("e", 6, set("a", "other"))), Applied::Resync);
+        replica.load(snapshot("e", 6));
+        assert_eq!(
+            replica.apply(change("e", 6, set("a", "other"))),
+            Applied::Stale,
+            "before the first live change"
+        );
     }
 
     #[test]

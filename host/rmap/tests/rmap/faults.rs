@@ -190,3 +190,73 @@ async fn ttl_after_a_write(conn: &mut redis::aio::MultiplexedConnection, base: &
     let left = pttl(conn, &name).await;
     (map, left)
 }
+
+/// Redis goes back to an earlier revision (a failover lost changes it had
+/// published) and numbers its next change again: a replica that heard the
+/// lost changes reloads instead of skipping the new one as old.
+#[tokio::test]
+async fn a_revision_heard_twice_makes_the_replicas_reload() {
+    let name = unique("went_back");
+    let (writer, watcher) = (join(&name).await, join(&name).await);
+    writer.set("a", "1").await.unwrap();
+    writer.set_and_wait("b", "2", PATIENCE).await.unwrap();
+    eventually(&watcher, "the watcher has both keys", |m| m.len() == 2).await;
+
+    // What a promoted replica that missed the last change holds.
+    let hash = format!("pulse:{{{name}}}:map:{name}");
+    let mut conn = pulse_testkit::connect(pulse_testkit::shared_redis_url()).await;
+    let () = redis::pipe()
+        .cmd("HDEL")
+        .arg(&hash)
+        .arg("b")
+        .ignore()
+        .cmd("HINCRBY")
+        .arg(&hash)
+        .arg("=rev")
+        .arg(-1)
+        .ignore()
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    writer.set("c", "3").await.unwrap();
+    for map in [&writer, &watcher] {
+        eventually(map, "the replica holds what Redis holds", |m| {
+            let mut keys = m.keys();
+            keys.sort();
+            keys == ["a", "c"] && m.get("c").as_deref() == Some("3")
+        })
+        .await;
+    }
+    writer.destroy().await.unwrap();
+    writer.close().await;
+    watcher.close().await;
+}
+
+/// The map changes without a message (as when a cluster node's
+/// subscription is cut off from the others): the replicas find it by
+/// comparing revisions, and reload.
+#[tokio::test]
+async fn a_change_no_message_told_of_is_found_by_the_revision_check() {
+    let name = unique("silent");
+    let watcher = join(&name).await;
+    watcher.set_and_wait("a", "1", PATIENCE).await.unwrap();
+    let hash = format!("pulse:{{{name}}}:map:{name}");
+    let mut conn = pulse_testkit::connect(pulse_testkit::shared_redis_url()).await;
+    let () = redis::pipe()
+        .cmd("HSET")
+        .arg(&hash)
+        .arg("unheard")
+        .arg("2")
+        .ignore()
+        .cmd("HINCRBY")
+        .arg(&hash)
+        .arg("=rev")
+        .arg(1)
+        .ignore()
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    eventually(&watcher, "the replica has the change", |m| m.get("unheard").as_deref() == Some("2")).await;
+    watcher.destroy().await.unwrap();
+    watcher.close().await;
+}
