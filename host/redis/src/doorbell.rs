@@ -101,6 +101,16 @@ struct QueueState {
     bytes: usize,
 }
 
+impl QueueState {
+    /// Queues a [`Ring::Missed`], one for a run of them: a reader reads
+    /// once for all.
+    fn missed(&mut self) {
+        if self.rings.back() != Some(&Ring::Missed) {
+            self.rings.push_back(Ring::Missed);
+        }
+    }
+}
+
 impl Queue {
     fn lock(&self) -> MutexGuard<'_, QueueState> {
         // Held for a push or a pop, never across an await.
@@ -115,9 +125,7 @@ impl Queue {
         {
             let mut state = self.lock();
             if state.rings.len() >= QUEUE_MESSAGES || state.bytes + message.len() > QUEUE_BYTES {
-                if state.rings.back() != Some(&Ring::Missed) {
-                    state.rings.push_back(Ring::Missed);
-                }
+                state.missed();
             } else {
                 state.bytes += message.len();
                 state.rings.push_back(Ring::Message(message));
@@ -127,12 +135,7 @@ impl Queue {
     }
 
     fn missed(&self) {
-        {
-            let mut state = self.lock();
-            if state.rings.back() != Some(&Ring::Missed) {
-                state.rings.push_back(Ring::Missed);
-            }
-        }
+        self.lock().missed();
         self.notify.notify_one();
     }
 

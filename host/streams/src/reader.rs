@@ -406,18 +406,7 @@ async fn read_when_rung(shared: &ReaderShared, bell: &pulse_redis::Doorbell, tok
 /// entries, each as the netstrings of its id, name and payload (see the
 /// pool's `ring` in lua/prelude.lua); `None` when malformed.
 fn decode_ring(message: &[u8]) -> Option<(String, Vec<Event>)> {
-    let mut fields = Vec::new();
-    let mut rest = message;
-    while !rest.is_empty() {
-        let colon = rest.iter().position(|&b| b == b':')?;
-        let len: usize = std::str::from_utf8(&rest[..colon]).ok()?.parse().ok()?;
-        let body = rest.get(colon + 1..colon + 1 + len)?;
-        if rest.get(colon + 1 + len) != Some(&b',') {
-            return None;
-        }
-        fields.push(body);
-        rest = &rest[colon + 2 + len..];
-    }
+    let fields = pulse_rmap::netstrings(message)?;
     if fields.len() % 3 != 1 {
         return None;
     }
@@ -445,22 +434,29 @@ fn after_cursor(shared: &ReaderShared, id: &str) -> bool {
 /// moves it past them; false once the reader is closed.
 async fn take_rung(shared: &ReaderShared, entries: Vec<Event>, token: &CancellationToken) -> bool {
     for event in entries {
-        if !after_cursor(shared, &event.id) {
-            // Read already, by a read that came before the ring.
-            continue;
+        // One that is not was read already, by a read before the ring.
+        if after_cursor(shared, &event.id) && !offer(shared, event, token).await {
+            return false;
         }
-        let id = event.id.clone();
-        if shared.options.filter.accepts(&event) {
-            if shared.options.overflow == Overflow::Wait {
-                if !deliver_waiting(shared, event, token).await {
-                    return false;
-                }
-            } else {
-                deliver(shared, event);
-            }
-        }
-        *lock(&shared.cursor) = Some(id);
     }
+    true
+}
+
+/// Hands `event` to the subscribers if it passes the filter, as the
+/// reader's [`Overflow`] says, and moves the cursor past it; false once
+/// the reader is closed.
+async fn offer(shared: &ReaderShared, event: Event, token: &CancellationToken) -> bool {
+    let id = event.id.clone();
+    if shared.options.filter.accepts(&event) {
+        if shared.options.overflow == Overflow::Wait {
+            if !deliver_waiting(shared, event, token).await {
+                return false;
+            }
+        } else {
+            deliver(shared, event);
+        }
+    }
+    *lock(&shared.cursor) = Some(id);
     true
 }
 
@@ -531,19 +527,16 @@ async fn take(
     for entry in reply.into_iter().flat_map(|r| r.keys).flat_map(|k| k.ids) {
         read += 1;
         match Event::decode(&entry) {
-            Some(event) if shared.options.filter.accepts(&event) => {
-                if shared.options.overflow == Overflow::Wait {
-                    if !deliver_waiting(shared, event, token).await {
-                        return None;
-                    }
-                } else {
-                    deliver(shared, event);
+            Some(event) => {
+                if !offer(shared, event, token).await {
+                    return None;
                 }
             }
-            Some(_) => {}
-            None => tracing::warn!(id = %entry.id, "skipped a malformed stream entry"),
+            None => {
+                tracing::warn!(id = %entry.id, "skipped a malformed stream entry");
+                *lock(&shared.cursor) = Some(entry.id);
+            }
         }
-        *lock(&shared.cursor) = Some(entry.id);
     }
     Some(read)
 }
