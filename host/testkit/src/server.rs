@@ -28,6 +28,10 @@ use redis::aio::MultiplexedConnection;
 /// CI machine.
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
 
+/// How many times a server on TCP is started on new ports when a port it
+/// was given was taken between choosing it and binding it.
+const PORT_ATTEMPTS: u32 = 5;
+
 /// Where a server listens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Listen {
@@ -44,6 +48,8 @@ pub struct RedisServer {
     listen: Listen,
     persistent: bool,
     port: u16,
+    /// A cluster node's bus port.
+    bus_port: Option<u16>,
     url: String,
     /// Arguments after the usual ones (cluster mode, replication).
     extra: Vec<String>,
@@ -96,7 +102,7 @@ impl RedisServer {
     /// # Panics
     /// As [`RedisServer::start`].
     pub fn start_tcp_with(extra: &[&str]) -> Self {
-        Self::build(Listen::Tcp, false, extra.iter().map(|a| (*a).to_owned()).collect(), None)
+        Self::build(Listen::Tcp, false, extra.iter().map(|a| (*a).to_owned()).collect(), None, free_port)
     }
 
     /// Starts a Sentinel on a free loopback port whose configuration file
@@ -105,7 +111,7 @@ impl RedisServer {
     /// # Panics
     /// As [`RedisServer::start`].
     pub fn start_sentinel(config: &str) -> Self {
-        Self::build(Listen::Tcp, false, Vec::new(), Some(config))
+        Self::build(Listen::Tcp, false, Vec::new(), Some(config), free_port)
     }
 
     /// The port of a server started on TCP.
@@ -114,36 +120,67 @@ impl RedisServer {
     }
 
     fn start_with(listen: Listen, persistent: bool) -> Self {
-        Self::build(listen, persistent, Vec::new(), None)
+        Self::build(listen, persistent, Vec::new(), None, free_port)
     }
 
-    fn build(listen: Listen, persistent: bool, mut extra: Vec<String>, sentinel: Option<&str>) -> Self {
-        // A cluster node's bus listens on port + 10000 unless told: that
-        // port may be taken (an ephemeral port of any connection), so the
-        // bus gets a free port of its own, kept across restarts.
-        if extra.iter().any(|arg| arg == "--cluster-enabled") {
-            extra.extend(["--cluster-port".to_owned(), free_port().to_string()]);
-        }
+    /// A server as the `start` functions say, on TCP ports that `ports`
+    /// chooses.
+    fn build(
+        listen: Listen,
+        persistent: bool,
+        extra: Vec<String>,
+        sentinel: Option<&str>,
+        mut ports: impl FnMut() -> u16,
+    ) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("pulse-redis-")
             .tempdir()
             .expect("failed to create a folder for redis-server");
-        let port = match listen {
-            Listen::Unix => 0,
-            Listen::Tcp => free_port(),
+        // A cluster node's bus listens on port + 10000 unless told: that
+        // port may be taken (an ephemeral port of any connection), so the
+        // bus gets a free port of its own, kept across restarts.
+        let cluster = extra.iter().any(|arg| arg == "--cluster-enabled");
+        let mut server = Self {
+            dir,
+            listen,
+            persistent,
+            port: 0,
+            bus_port: None,
+            url: String::new(),
+            extra,
+            sentinel: sentinel.is_some(),
+            process: None,
         };
-        let url = match listen {
-            Listen::Unix => format!("redis+unix://{}", dir.path().join("redis.sock").display()),
-            Listen::Tcp => format!("redis://127.0.0.1:{port}/"),
+        let mut attempt = 1;
+        loop {
+            server.choose_address(cluster, sentinel, &mut ports);
+            match server.try_spawn() {
+                Ok(()) => return server,
+                // A port free a moment ago was taken before the server
+                // bound it (another test's server, an ephemeral port).
+                Err(failure) if failure.contains("Address already in use") && attempt < PORT_ATTEMPTS => {
+                    attempt += 1;
+                }
+                Err(failure) => panic!("{failure}"),
+            }
+        }
+    }
+
+    /// Chooses the server's ports (free ones, for TCP) and its URL.
+    fn choose_address(&mut self, cluster: bool, sentinel: Option<&str>, ports: &mut impl FnMut() -> u16) {
+        self.port = match self.listen {
+            Listen::Unix => 0,
+            Listen::Tcp => ports(),
+        };
+        self.bus_port = cluster.then(ports);
+        self.url = match self.listen {
+            Listen::Unix => format!("redis+unix://{}", self.dir.path().join("redis.sock").display()),
+            Listen::Tcp => format!("redis://127.0.0.1:{}/", self.port),
         };
         if let Some(config) = sentinel {
-            std::fs::write(dir.path().join("sentinel.conf"), format!("port {port}\n{config}\n"))
+            std::fs::write(self.dir.path().join("sentinel.conf"), format!("port {}\n{config}\n", self.port))
                 .expect("failed to write the sentinel's configuration");
         }
-        let mut server =
-            Self { dir, listen, persistent, port, url, extra, sentinel: sentinel.is_some(), process: None };
-        server.spawn();
-        server
     }
 
     /// The URL clients connect with (`redis+unix:///…` or `redis://127.0.0.1:…`).
@@ -185,7 +222,9 @@ impl RedisServer {
     /// As [`RedisServer::start`].
     pub fn restart(&mut self) {
         self.kill();
-        self.spawn();
+        if let Err(failure) = self.try_spawn() {
+            panic!("{failure}");
+        }
     }
 
     /// Freezes the server (SIGSTOP): connections stay open but nothing is
@@ -218,7 +257,10 @@ impl RedisServer {
         assert!(status.success(), "kill -{signal} {pid} failed");
     }
 
-    fn spawn(&mut self) {
+    /// Spawns the server and waits until it is ready; or says why not,
+    /// with what it logged.
+    fn try_spawn(&mut self) -> Result<(), String> {
+        let logged = std::fs::metadata(self.log_path()).map_or(0, |log| log.len());
         let dir = self.dir.path();
         let mut cmd = Command::new("redis-server");
         if self.sentinel {
@@ -240,6 +282,9 @@ impl RedisServer {
                 cmd.args(["--bind", "127.0.0.1"]);
             }
         }
+        if let Some(bus_port) = self.bus_port {
+            cmd.args(["--cluster-port", &bus_port.to_string()]);
+        }
         cmd.args(&self.extra);
         let redis = match cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn() {
             Ok(child) => child,
@@ -251,41 +296,74 @@ impl RedisServer {
         };
         let (watchdog, lifeline) = spawn_watchdog(redis.id(), dir);
         self.process = Some(Process { redis, watchdog, _lifeline: lifeline });
-        self.wait_ready();
+        let ready = self.wait_ready();
+        if ready.is_err() {
+            self.kill();
+        }
+        ready.map_err(|failure| {
+            let log = self.log();
+            let new = log.get(usize::try_from(logged).unwrap_or(0)..).unwrap_or(&log);
+            format!("{failure}; its log:\n{new}")
+        })
     }
 
-    /// Waits until the server answers `PING`, or panics with its log.
-    fn wait_ready(&mut self) {
+    /// Waits until the server answers `PING`; or says why it will not.
+    fn wait_ready(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
-            if self.ping() {
-                return;
+            if self.answers() {
+                return Ok(());
             }
             let process = self.process.as_mut().expect("spawned just before");
             if let Ok(Some(status)) = process.redis.try_wait() {
-                panic!("redis-server exited with {status} before it was ready; its log:\n{}", self.log());
+                return Err(format!("redis-server exited with {status} before it was ready"));
             }
             if Instant::now() > deadline {
-                panic!("redis-server did not answer PING within {READY_TIMEOUT:?}; its log:\n{}", self.log());
+                return Err(format!("redis-server was not ready within {READY_TIMEOUT:?}"));
             }
             std::thread::sleep(Duration::from_millis(5));
         }
     }
 
-    /// One `PING` over a fresh connection, in plain RESP.
-    fn ping(&self) -> bool {
-        fn exchange(mut stream: impl Read + Write) -> bool {
-            let mut reply = [0u8; 7];
-            stream.write_all(b"PING\r\n").is_ok()
-                && stream.read_exact(&mut reply).is_ok()
-                && &reply == b"+PONG\r\n"
-        }
+    /// Whether this server is ready: `PING` (refused while it loads its
+    /// data) and `INFO server` over a fresh connection, in plain RESP,
+    /// answered with `PONG` and this server's process id. Another server may
+    /// have taken the port this one was given (it then exits): its answer
+    /// does not count, nor does a listener that never answers.
+    fn answers(&self) -> bool {
+        let Some(pid) = self.pid() else { return false };
+        let exchange = |mut stream: Box<dyn ReadWrite>| {
+            let mut reply = Vec::new();
+            let mut chunk = [0u8; 4096];
+            if stream.write_all(b"PING\r\nINFO server\r\n").is_err() {
+                return false;
+            }
+            let ours = format!("\r\nprocess_id:{pid}\r\n");
+            // The section ends with an empty line; a reply is a few KiB.
+            while !reply.ends_with(b"\r\n\r\n") && reply.len() < 1 << 16 {
+                match stream.read(&mut chunk) {
+                    Ok(0) | Err(_) => return false,
+                    Ok(read) => reply.extend_from_slice(&chunk[..read]),
+                }
+            }
+            reply.starts_with(b"+PONG\r\n") && String::from_utf8_lossy(&reply).contains(&ours)
+        };
+        // Short: a server that is slow to answer is asked again.
+        let timeout = Some(Duration::from_millis(250));
         match self.listen {
-            Listen::Unix => UnixStream::connect(self.dir.path().join("redis.sock")).is_ok_and(exchange),
-            Listen::Tcp => std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok_and(exchange),
+            Listen::Unix => UnixStream::connect(self.dir.path().join("redis.sock"))
+                .and_then(|stream| stream.set_read_timeout(timeout).map(|()| stream))
+                .is_ok_and(|stream| exchange(Box::new(stream))),
+            Listen::Tcp => std::net::TcpStream::connect(("127.0.0.1", self.port))
+                .and_then(|stream| stream.set_read_timeout(timeout).map(|()| stream))
+                .is_ok_and(|stream| exchange(Box::new(stream))),
         }
     }
 }
+
+/// A connection to read and write.
+trait ReadWrite: Read + Write {}
+impl<T: Read + Write> ReadWrite for T {}
 
 impl Drop for RedisServer {
     fn drop(&mut self) {
@@ -353,4 +431,21 @@ pub async fn connect(url: &str) -> MultiplexedConnection {
         .get_multiplexed_async_connection()
         .await
         .unwrap_or_else(|err| panic!("failed to connect to Redis at {url:?}: {err}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_server_whose_port_was_taken_starts_on_another() {
+        let taken = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
+        let taken_port = taken.local_addr().expect("a bound listener has an address").port();
+        let mut offered = vec![taken_port];
+        let mut ports = || offered.pop().unwrap_or_else(free_port);
+        let server = RedisServer::build(Listen::Tcp, false, Vec::new(), None, &mut ports);
+        assert_ne!(server.port(), taken_port);
+        assert!(server.answers(), "the server answers on port {}", server.port());
+        assert!(offered.is_empty(), "the taken port was tried first");
+    }
 }
