@@ -311,6 +311,12 @@ impl EmitQueue {
         self.send(core, &[]).await.map(drop)
     }
 
+    /// How many answers, deletions and writes wait to be sent.
+    pub(crate) fn backlog(&self) -> usize {
+        let pending = self.lock();
+        pending.answers.len() + pending.deletes.len() + pending.writes.len()
+    }
+
     /// Whether something waits to be sent.
     pub(crate) fn has_ready(&self) -> bool {
         self.lock().has_sealed()

@@ -134,6 +134,7 @@ pub(crate) async fn spawn<H: JobHandler>(
         misplaced_start: false,
         unsettled: true,
         orphans: None,
+        flushing: None,
     };
     let on_panic =
         PanicFence { core: worker.core.clone(), id: worker.id.clone(), fence: worker.fence.clone() };

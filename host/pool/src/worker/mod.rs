@@ -124,6 +124,9 @@ struct Worker<H> {
     /// Jobs Redis lists on this worker that it does not run, found by the
     /// last check (see `reconcile`).
     orphans: Option<reconcile::Orphans>,
+    /// The flush on its way to Redis, sent while the worker serves on
+    /// (see `outbox`).
+    flushing: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl<H: JobHandler> Worker<H> {
@@ -221,11 +224,13 @@ impl<H: JobHandler> Worker<H> {
             let next_retry = self.retry_at.keys().next().map(|(at, _)| *at);
             let in_flight = !self.calls.is_idle();
             let has_jobs = !self.running.is_empty() || !self.retrying.is_empty() || in_flight;
-            let room = self.calls.has_room();
+            let room = self.calls.has_room() && !self.flush_backlogged();
             let fence = self.fence.clone();
             tokio::select! {
                 biased;
                 Some(end) = ended.recv() => self.on_ended(end),
+                // What the next flush takes is sent below.
+                () = outbox::flushed(&mut self.flushing) => self.flushing = None,
                 Some(request) = control.recv() => return Exit::Control(request),
                 () = self.core.token.cancelled() => {
                     // The node ends abruptly (see `NodeOptions::cancel`).
@@ -269,7 +274,7 @@ impl<H: JobHandler> Worker<H> {
                     None => return Exit::Closed,
                 },
             }
-            self.flush().await;
+            self.flush_soon();
             if self.lost {
                 return Exit::Lost;
             }
