@@ -2,7 +2,7 @@
 //! CNCF distribution server) on a free loopback port, storing in a
 //! temporary folder, for tests of plugins pulled from a registry.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -26,34 +26,57 @@ pub struct Registry {
 impl Registry {
     /// A registry anyone may read and write.
     pub fn start() -> Self {
-        Self::spawn(false)
+        Self::spawn(false, free_port)
     }
 
     /// A registry that asks for [`USER`] and [`PASSWORD`] (HTTP Basic).
     pub fn start_with_auth() -> Self {
-        Self::spawn(true)
+        Self::spawn(true, free_port)
     }
 
-    fn spawn(auth: bool) -> Self {
+    fn spawn(auth: bool, mut ports: impl FnMut() -> u16) -> Self {
+        let mut dir = tempfile::tempdir().expect("a temporary folder");
+        // A port free a moment ago may be taken before the registry binds
+        // it (another test's server, an ephemeral port): then it exits,
+        // and starts again on another.
+        for attempt in 1..=5 {
+            let port = ports();
+            let process = Self::spawn_on(dir.path(), port, auth);
+            let mut registry = Self { dir, port, process };
+            match registry.wait_listening() {
+                Ok(()) => return registry,
+                Err(_) if attempt < 5 && registry.log().contains("address already in use") => {
+                    dir = std::mem::replace(
+                        &mut registry.dir,
+                        tempfile::tempdir().expect("a temporary folder"),
+                    );
+                }
+                Err(exited) => panic!("the registry {exited}: {}", registry.log()),
+            }
+        }
+        unreachable!("the last attempt returns or panics")
+    }
+
+    /// Writes the registry's configuration for `port` into `dir` and
+    /// starts it.
+    fn spawn_on(dir: &Path, port: u16, auth: bool) -> Child {
         let binary = std::env::var("PULSE_REGISTRY").unwrap_or_else(|_| "docker-registry".into());
-        let dir = tempfile::tempdir().expect("a temporary folder");
-        let port = free_port();
         let mut config = format!(
             "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: 127.0.0.1:{port}\n",
-            dir.path().join("data").display()
+            dir.join("data").display()
         );
         if auth {
-            let htpasswd = dir.path().join("htpasswd");
+            let htpasswd = dir.join("htpasswd");
             std::fs::write(&htpasswd, HTPASSWD).expect("write htpasswd");
             config.push_str(&format!(
                 "auth:\n  htpasswd:\n    realm: pulse-test\n    path: {}\n",
                 htpasswd.display()
             ));
         }
-        let config_path = dir.path().join("config.yml");
+        let config_path = dir.join("config.yml");
         std::fs::write(&config_path, config).expect("write the registry's config");
-        let log = std::fs::File::create(dir.path().join("registry.log")).expect("create the registry's log");
-        let process = Command::new(&binary)
+        let log = std::fs::File::create(dir.join("registry.log")).expect("create the registry's log");
+        Command::new(&binary)
             .arg("serve")
             .arg(&config_path)
             .stdin(Stdio::null())
@@ -62,14 +85,42 @@ impl Registry {
             .spawn()
             .unwrap_or_else(|error| {
                 panic!("cannot start {binary:?} ({error}): install Debian's docker-registry (.ci/run does) or set PULSE_REGISTRY")
-            });
-        let registry = Self { dir, port, process };
+            })
+    }
+
+    /// Whether a registry answers on its port: `GET /v2/` answered with
+    /// the registry's API header (with or without auth). Another process
+    /// may have taken the port (a listener that never answers, a server
+    /// of another kind): that does not count.
+    fn answers(&self) -> bool {
+        use std::io::{Read as _, Write as _};
+        let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", self.port)) else { return false };
+        // Short: a registry slow to answer is asked again.
+        if stream.set_read_timeout(Some(Duration::from_millis(250))).is_err()
+            || stream.write_all(b"GET /v2/ HTTP/1.0\r\n\r\n").is_err()
+        {
+            return false;
+        }
+        let mut answer = Vec::new();
+        let _ = stream.take(64 << 10).read_to_end(&mut answer);
+        String::from_utf8_lossy(&answer).to_ascii_lowercase().contains("docker-distribution-api-version")
+    }
+
+    /// Waits until the registry listens; or says how it ended.
+    fn wait_listening(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(30);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "the registry did not listen: {}", registry.log());
+        loop {
+            if let Ok(Some(status)) = self.process.try_wait() {
+                return Err(format!("exited with {status} before it listened"));
+            }
+            if self.answers() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err("did not listen within 30 s".to_owned());
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
-        registry
     }
 
     /// `127.0.0.1:PORT`.
@@ -97,5 +148,21 @@ impl Drop for Registry {
     fn drop(&mut self) {
         let _ = self.process.kill();
         let _ = self.process.wait();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_registry_whose_port_was_taken_starts_on_another() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
+        let taken_port = taken.local_addr().expect("a bound listener has an address").port();
+        let mut offered = vec![taken_port];
+        let registry = Registry::spawn(false, || offered.pop().unwrap_or_else(free_port));
+        assert_ne!(registry.port, taken_port);
+        assert!(registry.answers(), "the registry answers on port {}", registry.port);
+        assert!(offered.is_empty(), "the taken port was tried first");
     }
 }
