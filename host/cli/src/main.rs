@@ -21,7 +21,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
-use pulse_config::Secret;
+use pulse_config::{Config, ConfigError, Secret};
 use pulse_host::run;
 use pulse_pool::RolloutState;
 
@@ -311,9 +311,14 @@ fn main() -> ExitCode {
             return ExitCode::from(exit::ERROR);
         }
     };
-    let telemetry = start_telemetry(&cli, &runtime);
+    // config.toml, read once: traces start from it before the logs, and
+    // the command runs with it. The registry's commands need none.
+    let config =
+        (!matches!(cli.command, Command::Push { .. } | Command::Sign { .. } | Command::Keygen { .. }))
+            .then(|| pulse_host::defaults::load_config(&cli.config));
+    let telemetry = start_telemetry(&cli, config.as_ref(), &runtime);
     init_logs(cli.log_format, default_level, telemetry.as_ref());
-    let code = serve_command(cli, &runtime);
+    let code = serve_command(cli, config, &runtime);
     if let Some(telemetry) = telemetry {
         runtime.block_on(telemetry.shutdown());
     }
@@ -323,14 +328,18 @@ fn main() -> ExitCode {
 /// Traces, when config.toml has `[telemetry]` and the command talks to
 /// a pool. A configuration that cannot be read starts none: the command
 /// itself says what is wrong with it.
-fn start_telemetry(cli: &Cli, runtime: &tokio::runtime::Runtime) -> Option<pulse_telemetry::Telemetry> {
+fn start_telemetry(
+    cli: &Cli,
+    config: Option<&Result<Config, ConfigError>>,
+    runtime: &tokio::runtime::Runtime,
+) -> Option<pulse_telemetry::Telemetry> {
     if matches!(
         cli.command,
         Command::Check | Command::Push { .. } | Command::Sign { .. } | Command::Keygen { .. }
     ) {
         return None;
     }
-    let config = pulse_host::defaults::load_config(&cli.config).ok()?.telemetry?;
+    let config = config?.as_ref().ok()?.telemetry.clone()?;
     let settings = pulse_telemetry::Settings {
         otlp_endpoint: config.otlp_endpoint,
         service_name: config.service_name,
@@ -348,7 +357,11 @@ fn start_telemetry(cli: &Cli, runtime: &tokio::runtime::Runtime) -> Option<pulse
 }
 
 /// Runs a command of the multi-threaded runtime.
-fn serve_command(cli: Cli, runtime: &tokio::runtime::Runtime) -> ExitCode {
+fn serve_command(
+    cli: Cli,
+    config: Option<Result<Config, ConfigError>>,
+    runtime: &tokio::runtime::Runtime,
+) -> ExitCode {
     let registry = match &cli.command {
         Command::Push { file, reference, version } => {
             Some(runtime.block_on(pulse_host::registry::push(file, reference, version.as_deref())))
@@ -371,7 +384,8 @@ fn serve_command(cli: Cli, runtime: &tokio::runtime::Runtime) -> ExitCode {
             }
         };
     }
-    match runtime.block_on(execute(cli)) {
+    let config = config.unwrap_or_else(|| pulse_host::defaults::load_config(&cli.config));
+    match runtime.block_on(execute(cli, config)) {
         Ok(code) => code,
         Err(error) => {
             eprintln!("pulse-host: {error:#}");
@@ -423,10 +437,10 @@ fn init_logs(format: LogFormat, default_level: &str, telemetry: Option<&pulse_te
         .init();
 }
 
-async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
+async fn execute(cli: Cli, config: Result<Config, ConfigError>) -> anyhow::Result<ExitCode> {
     // The cryptography of `rediss://`; an error means one is installed.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let config = pulse_host::defaults::load_config(&cli.config)?;
+    let config = config?;
     if let Command::Check = cli.command {
         run::load(&config)?;
         println!(
