@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::server::free_port;
+use crate::server::{free_port, until_a_port_holds};
 
 /// The user of [`Registry::start_with_auth`].
 pub const USER: &str = "alice";
@@ -35,26 +35,16 @@ impl Registry {
     }
 
     fn spawn(auth: bool, mut ports: impl FnMut() -> u16) -> Self {
-        let mut dir = tempfile::tempdir().expect("a temporary folder");
-        // A port free a moment ago may be taken before the registry binds
-        // it (another test's server, an ephemeral port): then it exits,
-        // and starts again on another.
-        for attempt in 1..=5 {
+        until_a_port_holds(|| {
+            let dir = tempfile::tempdir().expect("a temporary folder");
             let port = ports();
             let process = Self::spawn_on(dir.path(), port, auth);
             let mut registry = Self { dir, port, process };
             match registry.wait_listening() {
-                Ok(()) => return registry,
-                Err(_) if attempt < 5 && registry.log().contains("address already in use") => {
-                    dir = std::mem::replace(
-                        &mut registry.dir,
-                        tempfile::tempdir().expect("a temporary folder"),
-                    );
-                }
-                Err(exited) => panic!("the registry {exited}: {}", registry.log()),
+                Ok(()) => Ok(registry),
+                Err(failure) => Err(format!("the registry {failure}: {}", registry.log())),
             }
-        }
-        unreachable!("the last attempt returns or panics")
+        })
     }
 
     /// Writes the registry's configuration for `port` into `dir` and

@@ -28,9 +28,29 @@ use redis::aio::MultiplexedConnection;
 /// CI machine.
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// How many times a server on TCP is started on new ports when a port it
+/// How many times a process on TCP is started on new ports when a port it
 /// was given was taken between choosing it and binding it.
 const PORT_ATTEMPTS: u32 = 5;
+
+/// Runs `start` (which chooses new ports each time) until it succeeds, at
+/// most [`PORT_ATTEMPTS`] times: a port free a moment ago may be taken
+/// before the process binds it (another test's server, an ephemeral
+/// port). Panics with the failure that is not a taken port, or the last.
+pub(crate) fn until_a_port_holds<T>(mut start: impl FnMut() -> Result<T, String>) -> T {
+    let mut attempt = 1;
+    loop {
+        match start() {
+            Ok(started) => return started,
+            Err(failure)
+                if attempt < PORT_ATTEMPTS
+                    && failure.to_ascii_lowercase().contains("address already in use") =>
+            {
+                attempt += 1;
+            }
+            Err(failure) => panic!("{failure}"),
+        }
+    }
+}
 
 /// Where a server listens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -151,19 +171,11 @@ impl RedisServer {
             sentinel: sentinel.is_some(),
             process: None,
         };
-        let mut attempt = 1;
-        loop {
+        until_a_port_holds(|| {
             server.choose_address(cluster, sentinel, &mut ports);
-            match server.try_spawn() {
-                Ok(()) => return server,
-                // A port free a moment ago was taken before the server
-                // bound it (another test's server, an ephemeral port).
-                Err(failure) if failure.contains("Address already in use") && attempt < PORT_ATTEMPTS => {
-                    attempt += 1;
-                }
-                Err(failure) => panic!("{failure}"),
-            }
-        }
+            server.try_spawn()
+        });
+        server
     }
 
     /// Chooses the server's ports (free ones, for TCP) and its URL.
@@ -331,14 +343,12 @@ impl RedisServer {
     /// have taken the port this one was given (it then exits): its answer
     /// does not count, nor does a listener that never answers.
     fn answers(&self) -> bool {
-        let Some(pid) = self.pid() else { return false };
-        let exchange = |mut stream: Box<dyn ReadWrite>| {
+        fn exchange(mut stream: impl Read + Write, pid: u32) -> bool {
             let mut reply = Vec::new();
             let mut chunk = [0u8; 4096];
             if stream.write_all(b"PING\r\nINFO server\r\n").is_err() {
                 return false;
             }
-            let ours = format!("\r\nprocess_id:{pid}\r\n");
             // The section ends with an empty line; a reply is a few KiB.
             while !reply.ends_with(b"\r\n\r\n") && reply.len() < 1 << 16 {
                 match stream.read(&mut chunk) {
@@ -346,24 +356,20 @@ impl RedisServer {
                     Ok(read) => reply.extend_from_slice(&chunk[..read]),
                 }
             }
-            reply.starts_with(b"+PONG\r\n") && String::from_utf8_lossy(&reply).contains(&ours)
-        };
+            reply.starts_with(b"+PONG\r\n")
+                && String::from_utf8_lossy(&reply).contains(&format!("\r\nprocess_id:{pid}\r\n"))
+        }
+        let Some(pid) = self.pid() else { return false };
         // Short: a server that is slow to answer is asked again.
         let timeout = Some(Duration::from_millis(250));
         match self.listen {
             Listen::Unix => UnixStream::connect(self.dir.path().join("redis.sock"))
-                .and_then(|stream| stream.set_read_timeout(timeout).map(|()| stream))
-                .is_ok_and(|stream| exchange(Box::new(stream))),
+                .is_ok_and(|stream| stream.set_read_timeout(timeout).is_ok() && exchange(stream, pid)),
             Listen::Tcp => std::net::TcpStream::connect(("127.0.0.1", self.port))
-                .and_then(|stream| stream.set_read_timeout(timeout).map(|()| stream))
-                .is_ok_and(|stream| exchange(Box::new(stream))),
+                .is_ok_and(|stream| stream.set_read_timeout(timeout).is_ok() && exchange(stream, pid)),
         }
     }
 }
-
-/// A connection to read and write.
-trait ReadWrite: Read + Write {}
-impl<T: Read + Write> ReadWrite for T {}
 
 impl Drop for RedisServer {
     fn drop(&mut self) {
