@@ -313,9 +313,9 @@ fn main() -> ExitCode {
     };
     // config.toml, read once: traces start from it before the logs, and
     // the command runs with it. The registry's commands need none.
-    let config =
-        (!matches!(cli.command, Command::Push { .. } | Command::Sign { .. } | Command::Keygen { .. }))
-            .then(|| pulse_host::defaults::load_config(&cli.config));
+    let registry =
+        matches!(cli.command, Command::Push { .. } | Command::Sign { .. } | Command::Keygen { .. });
+    let config = (!registry).then(|| pulse_host::defaults::load_config(&cli.config));
     let telemetry = start_telemetry(&cli, config.as_ref(), &runtime);
     init_logs(cli.log_format, default_level, telemetry.as_ref());
     let code = serve_command(cli, config, &runtime);
@@ -325,18 +325,16 @@ fn main() -> ExitCode {
     code
 }
 
-/// Traces, when config.toml has `[telemetry]` and the command talks to
-/// a pool. A configuration that cannot be read starts none: the command
-/// itself says what is wrong with it.
+/// Traces, when config.toml (`config`, not read for the registry's
+/// commands) has `[telemetry]` and the command talks to a pool. A
+/// configuration that cannot be read starts none: the command itself says
+/// what is wrong with it.
 fn start_telemetry(
     cli: &Cli,
     config: Option<&Result<Config, ConfigError>>,
     runtime: &tokio::runtime::Runtime,
 ) -> Option<pulse_telemetry::Telemetry> {
-    if matches!(
-        cli.command,
-        Command::Check | Command::Push { .. } | Command::Sign { .. } | Command::Keygen { .. }
-    ) {
+    if let Command::Check = cli.command {
         return None;
     }
     let config = config?.as_ref().ok()?.telemetry.clone()?;
@@ -356,37 +354,38 @@ fn start_telemetry(
     }
 }
 
-/// Runs a command of the multi-threaded runtime.
+/// Runs a command of the multi-threaded runtime: with `config`, or one of
+/// the registry's, which need none.
 fn serve_command(
     cli: Cli,
     config: Option<Result<Config, ConfigError>>,
     runtime: &tokio::runtime::Runtime,
 ) -> ExitCode {
-    let registry = match &cli.command {
-        Command::Push { file, reference, version } => {
-            Some(runtime.block_on(pulse_host::registry::push(file, reference, version.as_deref())))
-        }
-        Command::Sign { reference, key } => {
-            Some(runtime.block_on(pulse_host::registry::sign(reference, key)))
-        }
-        Command::Keygen { name } => Some(pulse_host::registry::keygen(name)),
-        _ => None,
-    };
-    if let Some(done) = registry {
-        return match done {
-            Ok(text) => {
-                println!("{text}");
-                ExitCode::from(exit::OK)
-            }
-            Err(error) => {
-                eprintln!("pulse-host: {error:#}");
-                ExitCode::from(exit::ERROR)
-            }
-        };
-    }
-    let config = config.unwrap_or_else(|| pulse_host::defaults::load_config(&cli.config));
+    let Some(config) = config else { return registry_command(&cli.command, runtime) };
     match runtime.block_on(execute(cli, config)) {
         Ok(code) => code,
+        Err(error) => {
+            eprintln!("pulse-host: {error:#}");
+            ExitCode::from(exit::ERROR)
+        }
+    }
+}
+
+/// `push`, `sign` or `keygen`.
+fn registry_command(command: &Command, runtime: &tokio::runtime::Runtime) -> ExitCode {
+    let done = match command {
+        Command::Push { file, reference, version } => {
+            runtime.block_on(pulse_host::registry::push(file, reference, version.as_deref()))
+        }
+        Command::Sign { reference, key } => runtime.block_on(pulse_host::registry::sign(reference, key)),
+        Command::Keygen { name } => pulse_host::registry::keygen(name),
+        _ => unreachable!("main reads config.toml for every command but the registry's"),
+    };
+    match done {
+        Ok(text) => {
+            println!("{text}");
+            ExitCode::from(exit::OK)
+        }
         Err(error) => {
             eprintln!("pulse-host: {error:#}");
             ExitCode::from(exit::ERROR)
