@@ -1,5 +1,11 @@
-//! Events as stored in a stream (fields `n` name, `p` payload, optional `t`
-//! topic), and their defensive decoding.
+//! Events as stored in a stream, and their defensive decoding.
+//!
+//! An entry holds one event (fields `n` name, `p` payload, optional `t`
+//! topic: what [`crate::Stream::add`] writes), or several sharing one
+//! entry (fields `n` name, `b` batch: the netstrings of each event's
+//! topic and payload, in order; `k` their count, for scripts that trim
+//! without decoding them). Events that share an entry share its name, and
+//! each has an id of its own: `<entry id>.<index>`, the first index 0.
 
 use redis::Value;
 use redis::streams::StreamId;
@@ -7,7 +13,9 @@ use redis::streams::StreamId;
 /// One event of a stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Event {
-    /// The entry id (`<ms>-<seq>`), unique and increasing in its stream.
+    /// Its id, unique and increasing in its stream: its entry's id
+    /// (`<ms>-<seq>`), or `<ms>-<seq>.<index>` for one of the events that
+    /// share an entry. Compare ids with [`crate::id_after`].
     pub id: String,
     /// The event's name.
     pub name: String,
@@ -23,29 +31,49 @@ impl Event {
         self.id.split('-').next().and_then(|ms| ms.parse().ok()).unwrap_or(0)
     }
 
-    /// Decodes an entry; `None` (the caller logs the id) when a field is
-    /// missing or not text where text is required.
-    pub(crate) fn decode(entry: &StreamId) -> Option<Self> {
+    /// The events of stream entry `entry`, in order; `None` (the caller
+    /// logs the id) when a field is missing or not text where text is
+    /// required, or a batch is not a whole number of netstring pairs.
+    pub fn from_entry(entry: &StreamId) -> Option<Vec<Self>> {
         let name = text(entry.map.get("n")?)?;
-        let payload = bytes(entry.map.get("p")?)?;
+        if let Some(batch) = entry.map.get("b") {
+            let batch = bytes_of(batch)?;
+            let fields = pulse_rmap::netstrings(batch)?;
+            if fields.len() % 2 != 0 {
+                return None;
+            }
+            return fields
+                .chunks(2)
+                .enumerate()
+                .map(|(index, event)| {
+                    Some(Self {
+                        id: format!("{}.{index}", entry.id),
+                        name: name.clone(),
+                        topic: Some(String::from_utf8(event[0].to_vec()).ok()?),
+                        payload: event[1].to_vec(),
+                    })
+                })
+                .collect();
+        }
+        let payload = bytes_of(entry.map.get("p")?)?.to_vec();
         let topic = match entry.map.get("t") {
             Some(value) => Some(text(value)?),
             None => None,
         };
-        Some(Self { id: entry.id.clone(), name, topic, payload })
+        Some(vec![Self { id: entry.id.clone(), name, topic, payload }])
     }
 }
 
-fn bytes(value: &Value) -> Option<Vec<u8>> {
+fn bytes_of(value: &Value) -> Option<&[u8]> {
     match value {
-        Value::BulkString(bytes) => Some(bytes.clone()),
-        Value::SimpleString(text) => Some(text.clone().into_bytes()),
+        Value::BulkString(bytes) => Some(bytes),
+        Value::SimpleString(text) => Some(text.as_bytes()),
         _ => None,
     }
 }
 
 fn text(value: &Value) -> Option<String> {
-    String::from_utf8(bytes(value)?).ok()
+    String::from_utf8(bytes_of(value)?.to_vec()).ok()
 }
 
 /// Which events a reader or sink passes on, by topic.
@@ -113,6 +141,35 @@ mod tests {
         ] {
             assert_eq!(glob(pattern, text), expected, "{pattern} vs {text}");
         }
+    }
+
+    fn entry(id: &str, fields: &[(&str, &[u8])]) -> StreamId {
+        let map = fields.iter().map(|(f, v)| ((*f).to_owned(), Value::BulkString(v.to_vec()))).collect();
+        StreamId { id: id.to_owned(), map, ..StreamId::default() }
+    }
+
+    #[test]
+    fn an_entry_holds_one_event_or_several_each_with_an_id_of_its_own() {
+        let one = Event::from_entry(&entry("7-1", &[("n", b"emit"), ("p", b"ab"), ("t", b"k")])).unwrap();
+        assert_eq!(
+            one,
+            [Event {
+                id: "7-1".into(),
+                name: "emit".into(),
+                topic: Some("k".into()),
+                payload: b"ab".to_vec()
+            }]
+        );
+        let batch = b"1:a,2:xy,1:b,0:,";
+        let shared = Event::from_entry(&entry("7-2", &[("n", b"emit"), ("b", batch), ("k", b"2")])).unwrap();
+        let got: Vec<(&str, Option<&str>, &[u8])> =
+            shared.iter().map(|e| (e.id.as_str(), e.topic.as_deref(), e.payload.as_slice())).collect();
+        assert_eq!(got, [("7-2.0", Some("a"), &b"xy"[..]), ("7-2.1", Some("b"), &b""[..])]);
+        assert!(shared.iter().all(|e| e.name == "emit" && e.created_at_ms() == 7));
+        for malformed in [&b"1:a,"[..], b"1:a,5:xy,", b"x"] {
+            assert_eq!(Event::from_entry(&entry("7-3", &[("n", b"emit"), ("b", malformed)])), None);
+        }
+        assert_eq!(Event::from_entry(&entry("7-4", &[("p", b"no name")])), None);
     }
 
     #[test]

@@ -50,17 +50,66 @@ pub use sink::{Sink, SinkOptions};
 pub use stream::{Start, Stream, StreamOptions, Ttl};
 
 /// The Redis key of stream `name` under hash tag `tag`: for scripts of other
-/// crates that add to a stream atomically with their own keys (entries with
-/// fields `n`, `p` and optionally `t`, as [`Stream::add`] writes them).
+/// crates that add to a stream atomically with their own keys (entries as
+/// [`Event::from_entry`] reads them).
 pub fn stream_key(tag: &str, name: &str) -> String {
     keys::StreamKeys::new(tag, name).stream
 }
 
-/// Whether stream entry id `a` (`ms-seq`) comes after `b`.
+/// Whether event id `a` comes after `b`. Ids are entry ids (`<ms>-<seq>`)
+/// or ids of events that share an entry (`<ms>-<seq>.<index>`); an entry
+/// id stands for its whole entry, so it comes after each of its events.
 pub fn id_after(a: &str, b: &str) -> bool {
-    let parse = |id: &str| -> (u64, u64) {
-        let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
-        (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0))
+    id_order(a) > id_order(b)
+}
+
+/// An id as a sortable key: time, sequence, index (`u64::MAX` for a whole
+/// entry).
+pub fn id_order(id: &str) -> (u64, u64, u64) {
+    let (entry, index) = match id.split_once('.') {
+        Some((entry, index)) => (entry, index.parse().unwrap_or(0)),
+        None => (id, u64::MAX),
     };
-    parse(a) > parse(b)
+    let (ms, seq) = entry.split_once('-').unwrap_or((entry, "0"));
+    (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0), index)
+}
+
+/// The entry id of event id `id` (itself for an entry of one event).
+pub(crate) fn entry_of(id: &str) -> &str {
+    id.split_once('.').map_or(id, |(entry, _)| entry)
+}
+
+/// Where `XREAD` continues to take what comes after event id `id`: the id
+/// itself, or for one of the events that share an entry the id just before
+/// that entry (it is read again, and the events up to `id` skipped).
+pub(crate) fn read_after(id: &str) -> String {
+    if !id.contains('.') {
+        return id.to_owned();
+    }
+    let (ms, seq, _) = id_order(id);
+    match (ms, seq) {
+        (ms, 0) if ms > 0 => format!("{}-{}", ms - 1, u64::MAX),
+        (ms, seq) => format!("{ms}-{}", seq.saturating_sub(1)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_of_shared_entries_sort_inside_their_entry() {
+        assert!(id_after("5-1", "5-0"));
+        assert!(id_after("5-0.1", "5-0.0"));
+        assert!(id_after("5-0", "5-0.7"), "an entry id stands for its whole entry");
+        assert!(!id_after("5-0.7", "5-0"));
+        assert!(id_after("5-1.0", "5-0"));
+        assert!(id_after("6-0.0", "5-9.9"));
+        assert_eq!(entry_of("5-3.2"), "5-3");
+        assert_eq!(entry_of("5-3"), "5-3");
+        assert_eq!(read_after("5-3"), "5-3");
+        assert_eq!(read_after("5-3.2"), "5-2");
+        assert_eq!(read_after("5-0.2"), format!("4-{}", u64::MAX));
+        assert_eq!(read_after("0-1.0"), "0-0");
+    }
 }

@@ -425,7 +425,7 @@ fn decode_ring(message: &[u8]) -> Option<(String, Vec<Event>)> {
     Some((prev, entries))
 }
 
-/// Whether entry id `id` comes after the last one the reader read.
+/// Whether event id `id` comes after the last one the reader read.
 fn after_cursor(shared: &ReaderShared, id: &str) -> bool {
     lock(&shared.cursor).as_deref().is_none_or(|cursor| crate::id_after(id, cursor))
 }
@@ -443,8 +443,9 @@ async fn take_rung(shared: &ReaderShared, entries: Vec<Event>, token: &Cancellat
 }
 
 /// Hands `event` to the subscribers if it passes the filter, as the
-/// reader's [`Overflow`] says, and moves the cursor past it; false once
-/// the reader is closed.
+/// reader's [`Overflow`] says, and moves the cursor past it (to the
+/// event's id: within its entry, if it shares one); false once the reader
+/// is closed.
 async fn offer(shared: &ReaderShared, event: Event, token: &CancellationToken) -> bool {
     let id = event.id.clone();
     if shared.options.filter.accepts(&event) {
@@ -506,7 +507,7 @@ async fn read_blocking(shared: &ReaderShared, token: &CancellationToken) {
 
 /// `XREAD` of what follows the cursor, blocking up to `block` if given.
 fn xread(shared: &ReaderShared, block: Option<Duration>) -> redis::Cmd {
-    let cursor = lock(&shared.cursor).clone().unwrap_or_else(|| "0-0".to_owned());
+    let cursor = lock(&shared.cursor).as_deref().map_or_else(|| "0-0".to_owned(), crate::read_after);
     let mut cmd = redis::cmd("XREAD");
     cmd.arg("COUNT").arg(shared.options.count);
     if let Some(block) = block {
@@ -526,17 +527,19 @@ async fn take(
     let mut read = 0;
     for entry in reply.into_iter().flat_map(|r| r.keys).flat_map(|k| k.ids) {
         read += 1;
-        match Event::decode(&entry) {
-            Some(event) => {
-                if !offer(shared, event, token).await {
-                    return None;
+        match Event::from_entry(&entry) {
+            Some(events) => {
+                for event in events {
+                    // Not after the cursor: an event of a shared entry
+                    // taken before the entry was read again.
+                    if after_cursor(shared, &event.id) && !offer(shared, event, token).await {
+                        return None;
+                    }
                 }
             }
-            None => {
-                tracing::warn!(id = %entry.id, "skipped a malformed stream entry");
-                *lock(&shared.cursor) = Some(entry.id);
-            }
+            None => tracing::warn!(id = %entry.id, "skipped a malformed stream entry"),
         }
+        *lock(&shared.cursor) = Some(entry.id);
     }
     Some(read)
 }

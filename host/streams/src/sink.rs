@@ -11,8 +11,13 @@
 //!   was flushed, someone ran `XGROUP DESTROY`), the sink creates it again,
 //!   reading from the oldest entry still in the stream: events that were
 //!   acknowledged before may come again, none is skipped.
+//!
+//! Events that share an entry (see [`Event`]) go to one consumer together,
+//! and the entry is acknowledged once each of them is; claimed again, they
+//! all come again.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::streams::{StreamAutoClaimReply, StreamId, StreamReadReply};
@@ -109,6 +114,10 @@ struct SinkShared {
     consumer: String,
     consumers_key: String,
     options: SinkOptions,
+    /// The entries whose events were delivered here and are not all
+    /// acknowledged, by entry id: the ids of those not acknowledged yet
+    /// (only entries of several events are tracked).
+    unacked: Mutex<HashMap<String, Vec<String>>>,
 }
 
 impl Sink {
@@ -121,10 +130,19 @@ impl Sink {
         }
         let consumer = format!("{}-{:08x}", std::process::id(), fastrand::u32(..));
         let consumers_key = stream.inner.keys.consumers(group);
-        let shared =
-            Arc::new(SinkShared { stream, group: group.to_owned(), consumer, consumers_key, options });
+        let shared = Arc::new(SinkShared {
+            stream,
+            group: group.to_owned(),
+            consumer,
+            consumers_key,
+            options,
+            unacked: Mutex::default(),
+        });
+        // A group cannot start inside an entry: after one of the events
+        // that share an entry, it starts at that entry.
         let start =
             shared.options.start.resolve(&shared.stream).await.map_err(|e| shared.error("join", e))?;
+        let start = crate::read_after(&start);
         let mut conn = shared.stream.inner.conn.clone();
         shared.create_group(&mut conn, &start).await.map_err(|e| shared.error("create the group", e))?;
         shared.heartbeat(&mut conn).await.map_err(|e| shared.error("register the consumer", e))?;
@@ -234,25 +252,51 @@ impl SinkShared {
         Ok(())
     }
 
+    /// Acknowledges event `id`: its entry, once every event of it
+    /// delivered here is acknowledged.
     async fn ack(&self, conn: &mut impl redis::aio::ConnectionLike, id: &str) -> redis::RedisResult<()> {
+        let entry = crate::entry_of(id);
+        if entry != id {
+            let mut unacked = self.unacked.lock().unwrap_or_else(|poison| poison.into_inner());
+            if let Some(left) = unacked.get_mut(entry) {
+                left.retain(|event| event != id);
+                if !left.is_empty() {
+                    return Ok(());
+                }
+                unacked.remove(entry);
+            }
+        }
+        self.ack_entry(conn, entry).await
+    }
+
+    async fn ack_entry(
+        &self,
+        conn: &mut impl redis::aio::ConnectionLike,
+        id: &str,
+    ) -> redis::RedisResult<()> {
         redis::cmd("XACK").arg(&self.stream.inner.keys.stream).arg(&self.group).arg(id).exec_async(conn).await
     }
 
-    /// Decodes and filters an entry; acknowledges what is not to be
-    /// delivered (malformed, or another topic) so it does not come back.
-    async fn admit(&self, conn: &mut impl redis::aio::ConnectionLike, entry: &StreamId) -> Option<Event> {
-        let event = match Event::decode(entry) {
-            Some(event) if self.options.filter.accepts(&event) => return Some(event),
-            Some(_) => None,
+    /// Decodes and filters an entry; acknowledges it when nothing of it is
+    /// to be delivered (malformed, or other topics) so it does not come
+    /// back.
+    async fn admit(&self, conn: &mut impl redis::aio::ConnectionLike, entry: &StreamId) -> Vec<Event> {
+        let events = match Event::from_entry(entry) {
+            Some(events) => events.into_iter().filter(|event| self.options.filter.accepts(event)).collect(),
             None => {
                 tracing::warn!(id = %entry.id, "acknowledged a malformed stream entry without delivering it");
-                None
+                Vec::new()
             }
         };
-        if let Err(error) = self.ack(conn, &entry.id).await {
-            tracing::warn!(id = %entry.id, error = %error, "failed to acknowledge a skipped entry");
+        if events.is_empty() {
+            if let Err(error) = self.ack_entry(conn, &entry.id).await {
+                tracing::warn!(id = %entry.id, error = %error, "failed to acknowledge a skipped entry");
+            }
+        } else if events.len() > 1 || events[0].id != entry.id {
+            let ids = events.iter().map(|event| event.id.clone()).collect();
+            self.unacked.lock().unwrap_or_else(|poison| poison.into_inner()).insert(entry.id.clone(), ids);
         }
-        event
+        events
     }
 }
 
@@ -299,7 +343,7 @@ async fn read_loop(shared: Arc<SinkShared>, tx: mpsc::Sender<Event>, token: Canc
                 backoff.reset();
                 for entry in reply.into_iter().flat_map(|r| r.keys).flat_map(|k| k.ids) {
                     let mut ack_conn = shared.stream.inner.conn.clone();
-                    if let Some(event) = shared.admit(&mut ack_conn, &entry).await {
+                    for event in shared.admit(&mut ack_conn, &entry).await {
                         // Waits for room: the entry is pending in Redis until
                         // acknowledged, so an abandoned send loses nothing.
                         tokio::select! {
@@ -384,7 +428,7 @@ async fn claim(
             .query_async(conn)
             .await?;
         for entry in &reply.claimed {
-            if let Some(event) = shared.admit(conn, entry).await {
+            for event in shared.admit(conn, entry).await {
                 tokio::select! {
                     biased;
                     () = token.cancelled() => return Ok(()),

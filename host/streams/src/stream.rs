@@ -173,7 +173,13 @@ impl Stream {
             stream: self.inner.name.clone(),
             source,
         })?;
-        Ok(reply.ids.iter().filter_map(crate::Event::decode).collect())
+        // Each entry holds one event or more: `count` entries are enough.
+        let mut events = Vec::new();
+        for entry in &reply.ids {
+            events.extend(crate::Event::from_entry(entry).into_iter().flatten().rev());
+        }
+        events.truncate(count);
+        Ok(events)
     }
 
     /// The newest `count` entries as Redis answers them, newest first.
@@ -190,10 +196,10 @@ impl Stream {
     }
 
     /// Up to `count` events after id `after` (exclusive; `None`: from the
-    /// oldest), oldest first, and the id to page on from (the last entry
-    /// read, malformed ones included), or `None` once nothing is left.
-    /// Paging from the oldest to a bound read once gives every event up to
-    /// it, however many are added meanwhile.
+    /// oldest), oldest first, and the id to page on from (the last event
+    /// returned, or the last entry read, malformed ones included), or
+    /// `None` once nothing is left. Paging from the oldest to a bound read
+    /// once gives every event up to it, however many are added meanwhile.
     ///
     /// # Errors
     /// [`Error::Redis`].
@@ -206,22 +212,39 @@ impl Stream {
         count: usize,
     ) -> Result<(Vec<crate::Event>, Option<String>)> {
         let mut conn = self.inner.conn.clone();
-        let start = after.map_or_else(|| "-".to_owned(), |id| format!("({id}"));
+        // After one of the events that share an entry: that entry again.
+        let start = match after {
+            None => "-".to_owned(),
+            Some(id) if id.contains('.') => crate::entry_of(id).to_owned(),
+            Some(id) => format!("({id}"),
+        };
+        let count = count.max(1);
         let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
             .arg(&self.inner.keys.stream)
             .arg(start)
             .arg("+")
             .arg("COUNT")
-            .arg(count.max(1))
+            .arg(count)
             .query_async(&mut conn)
             .await
             .map_err(|source| Error::Redis { op: "read events", stream: self.inner.name.clone(), source })?;
-        let next = reply.ids.last().map(|entry| entry.id.clone());
-        Ok((reply.ids.iter().filter_map(crate::Event::decode).collect(), next))
+        let mut next = reply.ids.last().map(|entry| entry.id.clone());
+        let mut events: Vec<crate::Event> = reply
+            .ids
+            .iter()
+            .filter_map(crate::Event::from_entry)
+            .flatten()
+            .filter(|event| after.is_none_or(|after| crate::id_after(&event.id, after)))
+            .collect();
+        if events.len() > count {
+            events.truncate(count);
+            next = events.last().map(|event| event.id.clone());
+        }
+        Ok((events, next))
     }
 
     /// The id of the stream's last entry now (malformed or not), `None`
-    /// when it is empty.
+    /// when it is empty: a bound that takes in every event of that entry.
     ///
     /// # Errors
     /// [`Error::Redis`].

@@ -3,12 +3,14 @@
 //! - `streams`: adding, bounded length without loss, TTL, destroy.
 //! - `readers`: order, fan-out, filters, start positions, lag, prompt close.
 //! - `sinks`: one consumer per event, redelivery, dead consumers, bad entries.
+//! - `shared`: events that share an entry, read and acknowledged one by one.
 //! - `faults`: Redis restarts (empty and with an append-only file), a group
 //!   destroyed from outside.
 #![allow(clippy::unwrap_used, reason = "tests and their helpers: a panic is the failure report")]
 
 mod faults;
 mod readers;
+mod shared;
 mod sinks;
 mod streams;
 
