@@ -155,9 +155,10 @@ pub struct NodeConfig {
     pub max_attempts: u32,
     /// `retry_backoff`.
     pub retry_backoff: Duration,
-    /// `events_retention`: entries of each pool's events stream.
+    /// `events_retention`: events of each pool's events stream.
     pub events_retention: u64,
-    /// `events_max_bytes`: payload bytes each pool's events stream keeps.
+    /// `events_max_bytes`: bytes of events (keys and payloads) each pool's
+    /// events stream keeps.
     pub events_max_bytes: u64,
     /// `lease_ttl`: how long a worker's lease lasts without renewal.
     pub lease_ttl: Duration,

@@ -1,23 +1,28 @@
--- write(max_len, max_bytes, worker, replies_kept, items, answers,
---       kind1, key1, token1, payload1, …, stream_name1, payload1, …,
---       entry1, …) -> flags: one character per item, '1' when it was
+-- write(max_events, max_bytes, worker, replies_kept, items, answers, ring,
+--       B, batch1, …, kind1, key1, token1, payload1, …, stream_name1, payload1,
+--       …, entry1, …) -> flags: one character per item, '1' when it was
 --       written, '0' when its token is not its job's (or the job is not
 --       `worker`'s, running or moving).
 --
 -- KEYS[1] jobs hash   KEYS[2] the pool's events stream   KEYS[3] the
--- payload bytes ever written to the stream (a counter)   KEYS[4] the
--- payload bytes the stream held, as versions without `c` counted them
--- KEYS[5] the worker's inbox   KEYS[6] the worker's job set
+-- bytes ever written to the stream (a counter)   KEYS[4] the payload
+-- bytes the stream held, as versions without `c` counted them   KEYS[5]
+-- the worker's inbox   KEYS[6] the worker's job set   KEYS[7] the events
+-- ever written to the stream (a counter)
 -- then for each item, in order: nothing for an event, the job's record for
 -- a state, the job's record and held events for a finish; then each
 -- answer's reply stream
--- ARGV[1] entries the events stream keeps  ARGV[2] payload bytes it keeps
+-- ARGV[1] events the events stream keeps  ARGV[2] bytes it keeps
 -- ARGV[3] the worker  ARGV[4] entries a reply stream keeps (about)
 -- ARGV[5] items  ARGV[6] answers  ARGV[7] '1' to ring the doorbells of
--- the reply streams answered (see `ring`)  then each item's kind (`e` an event
--- emitted, `s` a state saved, `f` the job finished), job key, token and
--- payload (empty for `f`); then each answer's entry name and payload; then
--- the inbox entries to delete
+-- the reply streams answered (see `ring`)  ARGV[8] B, then B batches of
+-- events: for each event item, in order, the netstrings of its job's key
+-- and its payload, cut into entries as the bounds below say
+-- then each item's kind (`e` an event emitted, `s` a state saved, `f` the
+-- job finished), job key, token and payload (for `e`, where its
+-- netstrings begin in its batch, from 1: 1 begins the next batch; empty
+-- for `f`); then each answer's entry name and payload; then the inbox
+-- entries to delete
 --
 -- One step for everything a worker writes of its jobs' calls: the events
 -- a call emitted, the state it saved and its job's completion land with
@@ -28,27 +33,42 @@
 -- job's token: a worker that lost a job writes nothing in its name. A
 -- finished job takes no later item of the same call.
 --
--- Bounds of the events stream: it never holds more than ARGV[2] payload
--- bytes (but for its newest entry, which always stays), nor more than
--- ARGV[1] + 64 entries: one plugin emitting large events cannot fill
--- Redis. Each entry carries `c`, the counter after its payload: the bytes
--- the stream holds are the counter less the oldest entry's `c` less its
--- payload, so a trim by count is one XTRIM, without reading what it
--- removes (reading an entry into Lua costs twice what writing it does).
--- The byte bound is checked each time the counter passes a sixteenth of
--- ARGV[2] (and with each trim by count), and trims to fourteen sixteenths,
--- so between two checks the stream stays under ARGV[2].
+-- The events of one call of this script share entries of the events
+-- stream, up to 64 events and a sixteenth of ARGV[2] bytes to an entry
+-- (the host cuts them so): `n` emit, `b` their netstrings (a batch as
+-- the host sent it, or cut again when the fence refused some of its
+-- events), `k` how many, `c` and `e` the counters of bytes and events
+-- after it. An entry costs Redis about as much as its fields, whatever
+-- they hold: sharing one is what makes an event cheap. Readers give each
+-- event the id `<entry id>.<index>` (see pulse-streams' `Event`).
 --
--- Entries without `c` were written by an earlier version, which kept the
--- bytes the stream held in KEYS[4]: a new counter starts from there, so
--- those entries count as written before every entry with `c`, and a trim
--- that removes one counts its payload.
+-- Bounds of the events stream: it never holds more than ARGV[2] bytes of
+-- events (their netstrings), nor more than ARGV[1] + 64 events, but for
+-- its newest entry, which always stays: one plugin emitting large events
+-- cannot fill Redis. Entries are trimmed whole, so none holds more than
+-- 64 events and a sixteenth of ARGV[2] bytes (or one larger event). The
+-- counters say what the stream holds without reading it: the newest
+-- counter less the oldest entry's, less what that entry holds. Each time
+-- the events counter passes a multiple of 64, or the bytes counter a
+-- sixteenth of ARGV[2], the oldest entry is read. Within a sixteenth of
+-- the bound in bytes, the oldest entries are read and trimmed until at
+-- most fourteen sixteenths of ARGV[2] bytes and ARGV[1] events are left. Past it in
+-- events alone, as many entries as hold the excess on average go in one
+-- `XTRIM MAXLEN`, without reading them, and the new oldest entry is read
+-- to check (again while more than ARGV[1] + 64 are left).
 --
--- A call costs an HMGET per 1,000 items, an XADD per event, an HSET per
--- state, INCRBY and XLEN; one in about 64 entries, an XTRIM and a read of
--- the oldest entry; then an XADD per answer and one XDEL.
+-- Entries without `c` or `e` were written by earlier versions, one event
+-- each. The bytes counter starts from KEYS[4], where those versions kept
+-- the bytes the stream held, and the events counter from the stream's
+-- length: those entries count as written before every later one.
+--
+-- A call costs an HMGET per 1,000 items, an HSET per state; for its
+-- events, an XADD per entry and two INCRBY; one in about 64 events, an
+-- XLEN, two reads of one entry and an XTRIM; then an XADD per answer and
+-- one XDEL.
 local n, answers = tonumber(ARGV[5]), tonumber(ARGV[6])
-local function arg(i, field) return ARGV[3 + 4 * i + field] end -- field 1..4
+local batches = tonumber(ARGV[8])
+local function arg(i, field) return ARGV[4 + batches + 4 * i + field] end -- field 1..4
 local owners = {}
 for first = 1, n, 1000 do
   local last = math.min(n, first + 999)
@@ -61,23 +81,29 @@ end
 -- when `|worker|token|` follows `running` or `moving` (the only states
 -- that start with `r` and `m`): a plain find, no captures.
 local mine = '|' .. ARGV[3] .. '|'
-local flags, added, finished = {}, 0, {}
+-- Of the event items: where each begins in its batch, whether it passed;
+-- and how many each batch holds.
+local flags, finished, starts, passed, sizes, events = {}, {}, {}, {}, {}, 0
 for i = 1, n do
-  local owner, key = owners[i], arg(i, 2)
+  local owner, key, kind = owners[i], arg(i, 2), arg(i, 1)
   local at = owner and not finished[key] and string.find(owner, mine .. arg(i, 3) .. '|', 1, true)
-  if at and ((at == 8 and string.byte(owner, 1) == 114) or (at == 7 and string.byte(owner, 1) == 109)) then
-    flags[i] = '1'
-    local kind = arg(i, 1)
-    if kind == 'e' then added = added + #arg(i, 4)
-    elseif kind == 'f' then finished[key] = true end
-  else
-    flags[i] = '0'
+  local ok = at and ((at == 8 and string.byte(owner, 1) == 114) or (at == 7 and string.byte(owner, 1) == 109))
+  flags[i] = ok and '1' or '0'
+  if kind == 'e' then
+    local start = tonumber(arg(i, 4))
+    starts[#starts + 1] = start
+    passed[#passed + 1] = ok
+    if start == 1 then sizes[#sizes + 1] = 0 end
+    sizes[#sizes] = sizes[#sizes] + 1
+    if ok then events = events + 1 end
+  elseif ok and kind == 'f' then
+    finished[key] = true
   end
 end
 flags = table.concat(flags)
 
 -- States and finishes, each with its keys, in order.
-local at_key = 7
+local at_key = 8
 for i = 1, n do
   local kind = arg(i, 1)
   if kind == 's' then
@@ -94,7 +120,7 @@ for i = 1, n do
 end
 
 -- The answers and the inbox entries processed.
-local at_arg = 8 + 4 * n
+local at_arg = 9 + batches + 4 * n
 for a = 0, answers - 1 do
   local name, payload = ARGV[at_arg + 2 * a], ARGV[at_arg + 2 * a + 1]
   local prev = ARGV[7] == '1' and last_id(KEYS[at_key + a])
@@ -106,61 +132,105 @@ local deletes = {}
 for i = at_arg + 2 * answers, #ARGV do deletes[#deletes + 1] = ARGV[i] end
 if #deletes > 0 then redis.call('XDEL', KEYS[5], unpack(deletes)) end
 
-if added == 0 then return flags end
+if events == 0 then return flags end
+local max_events, max_bytes = tonumber(ARGV[1]), tonumber(ARGV[2])
+local step = math.max(1, math.floor(max_bytes / 16))
+-- The entries: the batches as sent when every event passed; otherwise the
+-- events that passed, cut again (up to 64 and `step` bytes to an entry).
+local entries = {}
+if events == #starts then
+  for j = 1, batches do entries[j] = {ARGV[8 + j], sizes[j]} end
+else
+  local pieces, size, batch, at = {}, 0, 0, 0
+  for j = 1, #starts do
+    if starts[j] == 1 then batch, at = batch + 1, 0 end
+    at = at + 1
+    if passed[j] then
+      local packed = ARGV[8 + batch]
+      local finish = at < sizes[batch] and starts[j + 1] - 1 or #packed
+      local piece = string.sub(packed, starts[j], finish)
+      if #pieces > 0 and (#pieces == 64 or size + #piece > step) then
+        entries[#entries + 1] = {table.concat(pieces), #pieces}
+        pieces, size = {}, 0
+      end
+      pieces[#pieces + 1] = piece
+      size = size + #piece
+    end
+  end
+  entries[#entries + 1] = {table.concat(pieces), #pieces}
+end
+local added = 0
+for _, entry in ipairs(entries) do added = added + #entry[1] end
 local total = redis.call('INCRBY', KEYS[3], added)
 if total == added then
   -- A new counter: what an earlier version's entries hold comes first.
   local earlier = tonumber(redis.call('GET', KEYS[4]) or 0) or 0
   if earlier > 0 then total = redis.call('INCRBY', KEYS[3], earlier) end
 end
-local counted = total - added
-for i = 1, n do
-  if string.byte(flags, i) == 49 and arg(i, 1) == 'e' then
-    local payload = arg(i, 4)
-    counted = counted + #payload
-    redis.call('XADD', KEYS[2], '*', 'n', 'emit', 'p', payload, 't', arg(i, 2), 'c', string.format('%d', counted))
-  end
+local count = redis.call('INCRBY', KEYS[7], events)
+if count == events then
+  -- A new counter: the entries already there hold one event each.
+  local earlier = redis.call('XLEN', KEYS[2])
+  if earlier > 0 then count = redis.call('INCRBY', KEYS[7], earlier) end
 end
-local len = redis.call('XLEN', KEYS[2])
-local max_len, max_bytes = tonumber(ARGV[1]), tonumber(ARGV[2])
-local step = math.max(1, math.floor(max_bytes / 16))
-if len <= max_len + 64 and math.floor(total / step) == math.floor((total - added) / step) then
+local bytes_at, events_at = total - added, count - events
+for _, entry in ipairs(entries) do
+  bytes_at, events_at = bytes_at + #entry[1], events_at + entry[2]
+  redis.call('XADD', KEYS[2], '*', 'n', 'emit', 'b', entry[1], 'k', entry[2],
+    'c', string.format('%d', bytes_at), 'e', string.format('%d', events_at))
+end
+if math.floor(count / 64) == math.floor((count - events) / 64)
+    and math.floor(total / step) == math.floor((total - added) / step) then
   return flags
 end
 
-if len > max_len then
-  redis.call('XTRIM', KEYS[2], 'MAXLEN', max_len)
-  len = max_len
-end
--- An entry's `c` (nil without one) and its payload's size.
-local function counted_at(entry)
-  local fields, at, size = entry[2], nil, 0
+-- An entry's counters after it (nil for an earlier version's entry), and
+-- the bytes and events it holds.
+local function counted(entry)
+  local fields, c, e, size, k = entry[2], nil, nil, 0, 1
   for i = 1, #fields, 2 do
-    if fields[i] == 'c' then
-      at = tonumber(fields[i + 1])
-    elseif fields[i] == 'p' then
-      size = #fields[i + 1]
-    end
+    local field = fields[i]
+    if field == 'c' then c = tonumber(fields[i + 1])
+    elseif field == 'e' then e = tonumber(fields[i + 1])
+    elseif field == 'b' or field == 'p' then size = #fields[i + 1]
+    elseif field == 'k' then k = tonumber(fields[i + 1]) end
   end
-  return at, size
+  return c, e, size, k
 end
--- The bytes written before the oldest entry, that is trimmed already (0
--- before an entry without `c`: the counter began with those).
-local batch = redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', 1)
-local trimmed = 0
-if batch[1] then
-  local at, size = counted_at(batch[1])
-  if at then trimmed = at - size end
+local len = redis.call('XLEN', KEYS[2])
+-- What was written before the oldest entry, that is trimmed already (0
+-- before an earlier version's entry: the counters began with those).
+local function oldest()
+  local batch = redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', 1)
+  if not batch[1] then return nil end
+  local c, e, size, k = counted(batch[1])
+  return c and c - size or 0, e and e - k or 0, batch
 end
+local bytes_trimmed, events_trimmed, batch = oldest()
+if not batch then return flags end
 local keep_bytes = max_bytes - 2 * step
+if total - bytes_trimmed <= max_bytes - step then
+  -- Within the byte bound until the next check: entries by count,
+  -- without reading them.
+  for _ = 1, 4 do
+    local held = count - events_trimmed
+    if held <= max_events or len <= 1 then return flags end
+    local drop = math.min(len - 1, math.ceil((held - max_events) * len / held))
+    len = len - drop
+    redis.call('XTRIM', KEYS[2], 'MAXLEN', len)
+    bytes_trimmed, events_trimmed, batch = oldest()
+    if count - events_trimmed <= max_events + 64 then return flags end
+  end
+end
 local last = nil
-while len > 1 and total - trimmed > keep_bytes do
+while len > 1 and (total - bytes_trimmed > keep_bytes or count - events_trimmed > max_events) do
   batch = batch or redis.call('XRANGE', KEYS[2], '(' .. last, '+', 'COUNT', 64)
   if #batch == 0 then break end
   for _, entry in ipairs(batch) do
-    if len <= 1 or total - trimmed <= keep_bytes then break end
-    local at, size = counted_at(entry)
-    trimmed = at or trimmed + size
+    if len <= 1 or (total - bytes_trimmed <= keep_bytes and count - events_trimmed <= max_events) then break end
+    local c, e, size, k = counted(entry)
+    bytes_trimmed = c or bytes_trimmed + size
+    events_trimmed = e or events_trimmed + k
     len = len - 1
     last = entry[1]
   end

@@ -5,6 +5,7 @@
 
 use pulse_streams::{
     Event, Reader, ReaderEvent, ReaderOptions, ReaderSubscription, Start, Stream, StreamOptions, id_after,
+    id_order,
 };
 
 use crate::error::Result;
@@ -13,9 +14,11 @@ use crate::keys::{EVENTS_STREAM, validate_pool};
 /// One event a job emitted.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Emitted {
-    /// Its id: `<ms>-<seq>`, unique and increasing in the pool; in a pool
-    /// of several slot groups `<ms>-<seq>@<group>`, unique in the pool and
-    /// increasing in its group.
+    /// Its id: `<ms>-<seq>.<index>` (events written together share a
+    /// stream entry, `<ms>-<seq>`; an earlier version wrote one entry per
+    /// event, whose id is the entry's), unique and increasing in the pool;
+    /// in a pool of several slot groups followed by `@<group>`, unique in
+    /// the pool and increasing in its group.
     pub id: String,
     /// The key of the job that emitted it.
     pub key: String,
@@ -143,22 +146,30 @@ impl EmittedEvents {
         }
         let mut position = self.position(after)?;
         // Each group's next `limit`, merged; the first `limit` taken.
-        let mut read: Vec<(u64, u64, usize, Event)> = Vec::new();
-        let mut more = false;
+        let mut read: Vec<((u64, u64, u64), usize, Event)> = Vec::new();
+        // Per group: where its read ended, and how many of its events are
+        // not taken yet.
+        let mut ends: Vec<(Option<String>, usize)> = Vec::new();
         for (group, stream) in self.streams().enumerate() {
             let (events, next) = stream.range(Some(&position[group]), limit).await?;
-            more |= next.is_some();
-            read.extend(events.into_iter().map(|event| {
-                let (ms, seq) = id_parts(&event.id);
-                (ms, seq, group, event)
-            }));
+            ends.push((next, events.len()));
+            read.extend(events.into_iter().map(|event| (id_order(&event.id), group, event)));
         }
-        read.sort_by_key(|(ms, seq, group, _)| (*ms, *seq, *group));
-        more |= read.len() > limit;
+        read.sort_by_key(|(order, group, _)| (*order, *group));
+        let more = read.len() > limit || ends.iter().any(|(next, _)| next.is_some());
         let mut page = Vec::new();
-        for (_, _, group, event) in read.into_iter().take(limit) {
+        for (_, group, event) in read.into_iter().take(limit) {
             position[group].clone_from(&event.id);
+            ends[group].1 -= 1;
             page.push(in_group(event, group));
+        }
+        // A group whose events were all taken goes on from where its read
+        // ended: past the rest of an entry shared by several events, and
+        // past entries that do not decode.
+        for (group, (next, left)) in ends.into_iter().enumerate() {
+            if let (Some(next), 0) = (next, left) {
+                position[group] = next;
+            }
         }
         Ok((page, more.then(|| position.join(","))))
     }
@@ -227,8 +238,11 @@ impl EmittedEvents {
         let Some(after) = after else { return Ok(vec![START.to_owned(); groups]) };
         let ids: Vec<String> = after.split(',').map(str::to_owned).collect();
         let valid = |id: &String| {
-            id.split_once('-')
-                .is_some_and(|(ms, seq)| ms.parse::<u64>().is_ok() && seq.parse::<u64>().is_ok())
+            let (entry, index) = id.split_once('.').unwrap_or((id, "0"));
+            index.parse::<u64>().is_ok()
+                && entry
+                    .split_once('-')
+                    .is_some_and(|(ms, seq)| ms.parse::<u64>().is_ok() && seq.parse::<u64>().is_ok())
         };
         if ids.len() != groups || !ids.iter().all(valid) {
             return Err(crate::Error::InvalidEventId {
@@ -244,14 +258,8 @@ impl EmittedEvents {
 /// Before every id: where a group's stream is read from the start.
 const START: &str = "0-0";
 
-/// The time and sequence of stream id `id`.
-fn id_parts(id: &str) -> (u64, u64) {
-    let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
-    (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0))
-}
-
 /// An event of slot group `group`'s stream: its id says the group
-/// (`<ms>-<seq>@<group>`), since ids repeat across streams.
+/// (`<id>@<group>`), since ids repeat across streams.
 fn in_group(event: Event, group: usize) -> Emitted {
     let mut emitted = Emitted::from(event);
     emitted.id = format!("{}@{group}", emitted.id);

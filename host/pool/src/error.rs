@@ -92,7 +92,7 @@ pub enum Error {
     /// group.
     #[error(
         "{id:?} is not a position in the events of pool {pool:?}: it has {groups} slot groups, and a position \
-         is one id (<ms>-<seq>) per group, joined by ','"
+         is one id (<ms>-<seq> or <ms>-<seq>.<index>) per group, joined by ','"
     )]
     InvalidEventId {
         /// The pool.

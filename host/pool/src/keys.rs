@@ -22,9 +22,10 @@ pub(crate) struct PoolKeys {
     pub(crate) queued: String,
     /// What plugins emit.
     pub(crate) events: String,
-    /// The payload bytes ever written to the events stream (see
-    /// `write.lua`).
+    /// The bytes ever written to the events stream (see `write.lua`).
     pub(crate) events_written: String,
+    /// The events ever written to the events stream (see `write.lua`).
+    pub(crate) events_count: String,
     /// The payload bytes the events stream held, as versions whose events
     /// carried no byte counter kept them: the counter above starts there.
     pub(crate) events_bytes_earlier: String,
@@ -80,6 +81,7 @@ impl PoolKeys {
             queued: key("queued"),
             events: pulse_streams::stream_key(&tag, EVENTS_STREAM),
             events_written: key("events-written"),
+            events_count: key("events-count"),
             events_bytes_earlier: key("events-bytes"),
             handler: key("handler"),
             refused: key("refused"),

@@ -17,9 +17,9 @@ use tokio_util::sync::CancellationToken;
 ///   it and the worker started it);
 /// - `max_attempts`: 3 starts of a job whose handler answers `retryable`,
 ///   `retry_backoff` 100 ms before the second, doubled each time;
-/// - `events_retention`: the pool's events stream keeps about 10,000
-///   entries, and `events_max_bytes` 64 MiB of payloads at most (older
-///   entries are trimmed);
+/// - `events_retention`: the pool's events stream keeps 10,000 events
+///   (64 more at most), and `events_max_bytes` 64 MiB of events (keys and
+///   payloads) at most (older entries are trimmed, whole);
 /// - `shutdown_timeout`: 30 s for the `stop` calls of a worker that hands
 ///   jobs back (it leaves, or the slot table changed) or shuts down (16 at
 ///   a time); jobs whose stop has not returned by then are handed on
@@ -52,9 +52,9 @@ pub struct NodeOptions {
     pub max_attempts: u32,
     /// Wait before the second start; doubled for each further one.
     pub retry_backoff: Duration,
-    /// Entries the pool's events stream keeps.
+    /// Events the pool's events stream keeps.
     pub events_retention: usize,
-    /// Payload bytes the pool's events stream keeps.
+    /// Bytes of events (keys and payloads) the pool's events stream keeps.
     pub events_max_bytes: u64,
     /// How long the `stop` calls of a worker handing jobs back or shutting
     /// down may take in all.

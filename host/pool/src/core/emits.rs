@@ -457,6 +457,7 @@ fn write_cmd(core: &Core, worker: &str, batch: &Batch, replies: &[Reply]) -> Cmd
         keys.events_bytes_earlier.clone(),
         keys.inbox(worker),
         keys.worker_jobs(worker),
+        keys.events_count.clone(),
     ];
     for write in &batch.writes {
         match write.what {
@@ -466,6 +467,7 @@ fn write_cmd(core: &Core, worker: &str, batch: &Batch, replies: &[Reply]) -> Cmd
         }
     }
     names.extend(replies.iter().map(|reply| reply.stream.clone()));
+    let (batches, starts) = entries(batch, core.options.events_max_bytes);
     let mut cmd = scripts::evalsha(&scripts::WRITE, &names);
     cmd.arg(core.options.events_retention)
         .arg(core.options.events_max_bytes)
@@ -473,15 +475,60 @@ fn write_cmd(core: &Core, worker: &str, batch: &Batch, replies: &[Reply]) -> Cmd
         .arg(REPLIES_KEPT)
         .arg(batch.writes.len())
         .arg(replies.len())
-        .arg(core.ring());
+        .arg(core.ring())
+        .arg(batches.len())
+        .arg(&batches);
+    let mut starts = starts.iter();
     for write in &batch.writes {
-        cmd.arg(write.what.kind()).arg(&write.key).arg(&write.token).arg(write.what.payload());
+        cmd.arg(write.what.kind()).arg(&write.key).arg(&write.token);
+        match &write.what {
+            What::Event(_) => cmd.arg(starts.next().copied().unwrap_or_default()),
+            What::State(payload) => cmd.arg(payload),
+            What::Finish => cmd.arg(""),
+        };
     }
     for reply in replies {
         cmd.arg(reply.name).arg(&reply.payload);
     }
     cmd.arg(&batch.deletes);
     cmd
+}
+
+/// Events that share an entry of the events stream, at most (see
+/// `write.lua`).
+const EVENTS_PER_ENTRY: usize = 64;
+
+/// The events of `batch` cut into the entries of the events stream: each
+/// the netstrings of its events' keys and payloads, up to
+/// [`EVENTS_PER_ENTRY`] and a sixteenth of `max_bytes` (or one larger
+/// event); and for each event, where its netstrings begin in its entry
+/// (from 1, as Lua counts).
+fn entries(batch: &Batch, max_bytes: u64) -> (Vec<Vec<u8>>, Vec<usize>) {
+    let step = usize::try_from(max_bytes / 16).unwrap_or(usize::MAX).max(1);
+    let (mut entries, mut starts): (Vec<Vec<u8>>, Vec<usize>) = (Vec::new(), Vec::new());
+    let mut events = 0;
+    for write in &batch.writes {
+        let What::Event(payload) = &write.what else { continue };
+        let size = netstring_len(write.key.len()) + netstring_len(payload.len());
+        let entry = match entries.last_mut() {
+            Some(entry) if events < EVENTS_PER_ENTRY && entry.len() + size <= step => entry,
+            _ => {
+                events = 0;
+                entries.push(Vec::with_capacity(size));
+                entries.last_mut().expect("just pushed")
+            }
+        };
+        starts.push(entry.len() + 1);
+        pulse_rmap::push_netstring(entry, write.key.as_bytes());
+        pulse_rmap::push_netstring(entry, payload);
+        events += 1;
+    }
+    (entries, starts)
+}
+
+/// The bytes of a netstring of `len` bytes.
+fn netstring_len(len: usize) -> usize {
+    len.to_string().len() + 2 + len
 }
 
 /// The entries for `answers` on their reply streams: per reply stream,
@@ -554,5 +601,36 @@ fn written(core: &Core, batch: &[Write], reply: RedisResult<String>) {
             tracing::warn!(writes = batch.len(), error = %error, "failed to write what a worker's jobs wrote; it is dropped");
             core.metrics.emits_dropped.increment(events(batch) as u64);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(key: &str, size: usize) -> Write {
+        Write { key: key.into(), token: "1".into(), what: What::Event(vec![b'x'; size]) }
+    }
+
+    #[test]
+    fn events_are_cut_into_entries_of_64_and_a_sixteenth_of_the_bound() {
+        let state = Write { key: "s".into(), token: "1".into(), what: What::State(b"st".to_vec()) };
+        let writes = vec![event("a", 1), state, event("bb", 0)];
+        let (cut, starts) = super::entries(&Batch { writes, ..Batch::default() }, 1 << 20);
+        assert_eq!(cut, [b"1:a,1:x,2:bb,0:,".to_vec()]);
+        assert_eq!(starts, [1, 9]);
+
+        // 64 to an entry, then a new one.
+        let writes = (0..130).map(|_| event("k", 1)).collect();
+        let (cut, starts) = super::entries(&Batch { writes, ..Batch::default() }, 1 << 20);
+        assert_eq!(cut.iter().map(|e| e.len() / 8).collect::<Vec<_>>(), [64, 64, 2]);
+        assert_eq!((starts[63], starts[64]), (1 + 63 * 8, 1));
+
+        // A sixteenth of 1,600 bytes is 100: two events of 40 share an
+        // entry, a third goes to the next; one larger event is alone.
+        let writes = vec![event("k", 40), event("k", 40), event("k", 40), event("k", 200), event("k", 1)];
+        let (cut, starts) = super::entries(&Batch { writes, ..Batch::default() }, 1600);
+        assert_eq!(cut.iter().map(Vec::len).collect::<Vec<_>>(), [96, 48, 209, 8]);
+        assert_eq!(starts, [1, 49, 1, 1, 1]);
     }
 }

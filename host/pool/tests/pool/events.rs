@@ -194,33 +194,55 @@ async fn entries(pool: &str) -> Vec<Entry> {
         .unwrap()
 }
 
-/// Entries of the pool's events stream, the bytes of their payloads, and
-/// the bytes the stream's accounting says it holds: the newest entry's
-/// `c` (the counter of bytes written) less the oldest entry's `c` and
-/// payload. Also checks each entry's `c` against the payloads before it.
-async fn events_held(pool: &str) -> (usize, usize, usize) {
-    let entries = entries(pool).await;
-    let field = |fields: &[(String, Vec<u8>)], name: &str| -> Vec<u8> {
-        fields.iter().find(|(f, _)| f == name).map(|(_, v)| v.clone()).unwrap()
-    };
-    let counted_at = |fields: &[(String, Vec<u8>)]| -> usize {
-        String::from_utf8(field(fields, "c")).unwrap().parse().unwrap()
-    };
-    let bytes = payload_bytes(&entries);
-    for pair in entries.windows(2) {
-        let (before, after) = (&pair[0].1, &pair[1].1);
-        assert_eq!(counted_at(after), counted_at(before) + field(after, "p").len(), "c counts the payloads");
-    }
-    let counted = match (entries.first(), entries.last()) {
-        (Some((_, oldest)), Some((_, newest))) => {
-            counted_at(newest) - (counted_at(oldest) - field(oldest, "p").len())
-        }
-        _ => 0,
-    };
-    (entries.len(), bytes, counted)
+/// What the pool's events stream holds, and what its accounting says it
+/// holds: the newest entry's counters (`c` bytes and `e` events written)
+/// less the oldest entry's, less what the oldest holds. Also checks each
+/// entry's counters against what it holds.
+#[derive(Debug, PartialEq, Eq)]
+struct Held {
+    events: usize,
+    bytes: usize,
+    counted_events: usize,
+    counted_bytes: usize,
 }
 
-/// A node of pool `pool` whose events stream keeps 100 entries and 64 KiB,
+/// The field `name` of an entry, as a number.
+fn number(fields: &[(String, Vec<u8>)], name: &str) -> usize {
+    let value = fields.iter().find(|(f, _)| f == name).map(|(_, v)| v.clone()).unwrap();
+    String::from_utf8(value).unwrap().parse().unwrap()
+}
+
+/// The events an entry holds (one without `k`, an earlier version's).
+fn events_of(fields: &[(String, Vec<u8>)]) -> usize {
+    if fields.iter().any(|(f, _)| f == "k") { number(fields, "k") } else { 1 }
+}
+
+async fn events_held(pool: &str) -> Held {
+    let entries = entries(pool).await;
+    for pair in entries.windows(2) {
+        let (before, after) = (&pair[0].1, &pair[1].1);
+        assert_eq!(number(after, "c"), number(before, "c") + payload_bytes(&pair[1..]), "c counts the bytes");
+        assert_eq!(number(after, "e"), number(before, "e") + events_of(after), "e counts the events");
+    }
+    let (counted_events, counted_bytes) = match (entries.first(), entries.last()) {
+        (Some((_, oldest)), Some((_, newest))) => (
+            number(newest, "e") - (number(oldest, "e") - events_of(oldest)),
+            number(newest, "c") - (number(oldest, "c") - payload_bytes(&entries[..1])),
+        ),
+        _ => (0, 0),
+    };
+    let events = entries.iter().map(|(_, fields)| events_of(fields)).sum();
+    Held { events, bytes: payload_bytes(&entries), counted_events, counted_bytes }
+}
+
+/// The bytes an event of job `key` with a payload of `size` bytes takes
+/// in its entry: the netstrings of both.
+fn event_bytes(key: &str, size: usize) -> usize {
+    let netstring = |len: usize| len.to_string().len() + 2 + len;
+    netstring(key.len()) + netstring(size)
+}
+
+/// A node of pool `pool` whose events stream keeps 100 events and 64 KiB,
 /// running job `e` on an [`Emitter`].
 async fn bounded_emitter(pool: &str) -> pulse_pool::Node {
     let options =
@@ -231,29 +253,44 @@ async fn bounded_emitter(pool: &str) -> pulse_pool::Node {
     node
 }
 
-/// The bytes of the payloads of `entries`.
+/// The bytes of the events of `entries`: their batches (`b`), or the
+/// payloads of entries of one event an earlier version wrote (`p`).
 fn payload_bytes(entries: &[Entry]) -> usize {
-    entries.iter().flat_map(|(_, fields)| fields.iter().filter(|(f, _)| f == "p")).map(|(_, p)| p.len()).sum()
+    entries
+        .iter()
+        .flat_map(|(_, fields)| fields.iter().filter(|(f, _)| f == "p" || f == "b"))
+        .map(|(_, p)| p.len())
+        .sum()
 }
 
 #[tokio::test]
-async fn the_events_stream_keeps_its_retention_in_entries_and_in_bytes() {
+async fn the_events_stream_keeps_its_retention_in_events_and_in_bytes() {
     let pool = unique("events_bounds");
     let node = bounded_emitter(&pool).await;
 
-    // Many small events: about the retention in entries.
+    // Many small events: about the retention in events. Entries are
+    // trimmed whole, and hold at most 64 events.
     assert_eq!(node.notify("e", b"500x100").await.unwrap(), EventOutcome::Done);
-    let (entries, bytes, counted) = events_held(&pool).await;
-    assert!((100..=164).contains(&entries), "{entries} entries for a retention of 100");
-    assert_eq!((bytes, counted), (entries * 100, bytes), "the byte count is the payloads'");
-    // Large events: never more than events_max_bytes of payloads.
+    let held = events_held(&pool).await;
+    assert!(held.events <= 164 && held.events + 64 > 100, "{held:?} for a retention of 100");
+    assert_eq!(held.bytes, held.events * event_bytes("e", 100), "{held:?}");
+    assert_eq!((held.counted_events, held.counted_bytes), (held.events, held.bytes), "{held:?}");
+    let entries = entries(&pool).await;
+    assert!(
+        entries.len() < held.events,
+        "{} entries for {} events: they share entries",
+        entries.len(),
+        held.events
+    );
+    // Large events: never more than events_max_bytes of them.
     assert_eq!(node.notify("e", b"40x16000").await.unwrap(), EventOutcome::Done);
-    let (entries, bytes, counted) = events_held(&pool).await;
-    assert!(bytes <= 64 << 10 && entries >= 3, "{entries} entries of {bytes} bytes for a limit of 64 KiB");
-    assert_eq!(counted, bytes);
+    let held = events_held(&pool).await;
+    assert!(held.bytes <= 64 << 10 && held.events >= 3, "{held:?} for a limit of 64 KiB");
+    assert_eq!((held.counted_events, held.counted_bytes), (held.events, held.bytes), "{held:?}");
     // One event larger than what is left: the stream holds it alone.
     assert_eq!(node.notify("e", b"1x65536").await.unwrap(), EventOutcome::Done);
-    assert_eq!(events_held(&pool).await, (1, 65536, 65536));
+    let bytes = event_bytes("e", 65536);
+    assert_eq!(events_held(&pool).await, Held { events: 1, bytes, counted_events: 1, counted_bytes: bytes });
     finish(&pool, &[&node]).await;
 }
 
@@ -295,19 +332,20 @@ async fn events_an_earlier_version_wrote_count_toward_the_byte_bound() {
     // is counted exactly.
     assert_eq!(node.notify("e", b"40x16000").await.unwrap(), EventOutcome::Done);
     assert_eq!(earlier(&entries(&pool).await), 0);
-    let (entries, bytes, counted) = events_held(&pool).await;
-    assert!(bytes <= 64 << 10 && entries >= 3, "{entries} entries of {bytes} bytes for a limit of 64 KiB");
-    assert_eq!(counted, bytes);
+    let held = events_held(&pool).await;
+    assert!(held.bytes <= 64 << 10 && held.events >= 3, "{held:?} for a limit of 64 KiB");
+    assert_eq!((held.counted_events, held.counted_bytes), (held.events, held.bytes), "{held:?}");
     finish(&pool, &[&node]).await;
 }
 
 /// The payloads of the events job `key` emitted, in the stream's order.
 async fn emitted_by(pool: &str, key: &str) -> Vec<Vec<u8>> {
-    entries(pool)
+    let mut conn = pulse_testkit::connect(pulse_testkit::shared_redis_url()).await;
+    crate::stream_events(&mut conn, &format!("pulse:{{{pool}}}:stream:events"))
         .await
         .into_iter()
-        .filter(|(_, fields)| fields.iter().any(|(f, v)| f == "t" && v == key.as_bytes()))
-        .filter_map(|(_, fields)| fields.into_iter().find(|(f, _)| f == "p").map(|(_, p)| p))
+        .filter(|event| event.topic.as_deref() == Some(key))
+        .map(|event| event.payload)
         .collect()
 }
 

@@ -198,6 +198,21 @@ pub async fn node(pool: &str, workers: usize, calls: &Calls) -> Node {
     node
 }
 
+/// The events of events stream `stream` as a reader gets them, oldest
+/// first (each event of an entry shared by several on its own).
+pub async fn stream_events(
+    conn: &mut impl redis::aio::ConnectionLike,
+    stream: &str,
+) -> Vec<pulse_streams::Event> {
+    let reply: redis::streams::StreamRangeReply =
+        redis::cmd("XRANGE").arg(stream).arg("-").arg("+").query_async(conn).await.unwrap();
+    reply
+        .ids
+        .iter()
+        .flat_map(|entry| pulse_streams::Event::from_entry(entry).expect("a well-formed entry"))
+        .collect()
+}
+
 /// Stops every job, closes the nodes, removes what only a pool shutdown
 /// removes (membership maps, counters), and checks nothing else is left.
 pub async fn finish(pool: &str, nodes: &[&Node]) {
@@ -211,7 +226,7 @@ pub async fn finish(pool: &str, nodes: &[&Node]) {
         node.close().await;
     }
     let mut conn = pulse_testkit::connect(pulse_testkit::shared_redis_url()).await;
-    let counters = ["tokens", "joins", "epoch", "events-written", "events-bytes", "tickers"];
+    let counters = ["tokens", "joins", "epoch", "events-written", "events-count", "events-bytes", "tickers"];
     for suffix in ["map:slots", "map:workers", "stream:events"].into_iter().chain(counters) {
         redis::cmd("DEL").arg(format!("pulse:{{{pool}}}:{suffix}")).exec_async(&mut conn).await.unwrap();
     }

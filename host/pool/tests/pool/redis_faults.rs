@@ -294,7 +294,7 @@ async fn events_emitted_across_a_redis_restart_with_its_data_are_all_written_in_
     let events_key = "pulse:{emits}:stream:events";
     let deadline = tokio::time::Instant::now() + PATIENCE;
     loop {
-        let len: usize = redis::cmd("XLEN").arg(events_key).query_async(&mut conn).await.unwrap();
+        let len = crate::stream_events(&mut conn, events_key).await.len();
         if len >= N / 3 {
             break;
         }
@@ -309,11 +309,10 @@ async fn events_emitted_across_a_redis_restart_with_its_data_are_all_written_in_
     let mut conn = server.connect().await;
     let deadline = tokio::time::Instant::now() + PATIENCE;
     loop {
-        let entries: Vec<(String, Vec<(String, String)>)> =
-            redis::cmd("XRANGE").arg(events_key).arg("-").arg("+").query_async(&mut conn).await.unwrap();
-        let numbers: Vec<usize> = entries
+        let numbers: Vec<usize> = crate::stream_events(&mut conn, events_key)
+            .await
             .iter()
-            .filter_map(|(_, fields)| fields.iter().find(|(f, _)| f == "p").map(|(_, p)| p.parse().unwrap()))
+            .map(|event| String::from_utf8_lossy(&event.payload).parse().unwrap())
             .collect();
         let mut seen = HashSet::new();
         let first: Vec<usize> = numbers.iter().copied().filter(|n| seen.insert(*n)).collect();
@@ -356,11 +355,11 @@ async fn a_follower_of_the_events_never_sees_an_id_twice_across_redis_restarting
         let next = tokio::time::timeout(PATIENCE, following.recv()).await.expect("the follower saw no event");
         let Some(pulse_pool::Followed::Event(event)) = next else { panic!("the follower ended: {next:?}") };
         if let Some(last) = ids.last() {
-            let parts = |id: &str| -> (u64, u64) {
-                let (ms, seq) = id.split_once('-').unwrap();
-                (ms.parse().unwrap(), seq.parse().unwrap())
-            };
-            assert!(parts(&event.id) > parts(last), "id {} after {last}: seen twice or gone back", event.id);
+            assert!(
+                pulse_streams::id_after(&event.id, last),
+                "id {} after {last}: seen twice or gone back",
+                event.id
+            );
         }
         ids.push(event.id.clone());
         if !restarted && ids.len() >= N / 3 {

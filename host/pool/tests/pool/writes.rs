@@ -51,9 +51,6 @@ impl JobHandler for Writer {
     }
 }
 
-/// A stream entry as XRANGE answers it: id, then field and value pairs.
-type Entry = (String, Vec<(String, Vec<u8>)>);
-
 /// What Redis holds of a job: its saved state, the payloads it emitted,
 /// and whether it is listed.
 type Held = (Option<Vec<u8>>, Vec<Vec<u8>>, bool);
@@ -67,17 +64,11 @@ async fn held(pool: &str, key: &str) -> Held {
         .query_async(&mut conn)
         .await
         .unwrap();
-    let entries: Vec<Entry> = redis::cmd("XRANGE")
-        .arg(format!("pulse:{{{pool}}}:stream:events"))
-        .arg("-")
-        .arg("+")
-        .query_async(&mut conn)
+    let emitted = crate::stream_events(&mut conn, &format!("pulse:{{{pool}}}:stream:events"))
         .await
-        .unwrap();
-    let emitted = entries
         .into_iter()
-        .filter(|(_, fields)| fields.iter().any(|(f, v)| f == "t" && v == key.as_bytes()))
-        .filter_map(|(_, fields)| fields.into_iter().find(|(f, _)| f == "p").map(|(_, p)| p))
+        .filter(|event| event.topic.as_deref() == Some(key))
+        .map(|event| event.payload)
         .collect();
     let listed: bool = redis::cmd("HEXISTS")
         .arg(format!("pulse:{{{pool}}}:jobs"))
