@@ -19,7 +19,8 @@
 -- events: for each event item, in order, the netstrings of its job's key
 -- and its payload, cut into entries as the bounds below say
 -- then each item's kind (`e` an event emitted, `s` a state saved, `f` the
--- job finished), job key, token and payload (for `e`, where its
+-- job finished), job key, `|worker|token|` (the needle of the fence
+-- check, made by the host) and payload (for `e`, where its
 -- netstrings begin in its batch, from 1: 1 begins the next batch; empty
 -- for `f`); then each answer's entry name and payload; then the inbox
 -- entries to delete
@@ -78,15 +79,15 @@ for first = 1, n, 1000 do
   for i = first, last do owners[i] = got[i - first + 1] end
 end
 -- An owner `state|worker|token|seq` is this worker's under this token
--- when `|worker|token|` follows `running` or `moving` (the only states
--- that start with `r` and `m`): a plain find, no captures.
-local mine = '|' .. ARGV[3] .. '|'
+-- when `|worker|token|` (the item's needle, made by the host) follows
+-- `running` or `moving` (the only states that start with `r` and `m`): a
+-- plain find, no captures, no string made here.
 -- Of the event items: where each begins in its batch, whether it passed;
 -- and how many each batch holds.
 local flags, finished, starts, passed, sizes, events = {}, {}, {}, {}, {}, 0
 for i = 1, n do
   local owner, key, kind = owners[i], arg(i, 2), arg(i, 1)
-  local at = owner and not finished[key] and string.find(owner, mine .. arg(i, 3) .. '|', 1, true)
+  local at = owner and not finished[key] and string.find(owner, arg(i, 3), 1, true)
   local ok = at and ((at == 8 and string.byte(owner, 1) == 114) or (at == 7 and string.byte(owner, 1) == 109))
   flags[i] = ok and '1' or '0'
   if kind == 'e' then

@@ -480,7 +480,7 @@ fn write_cmd(core: &Core, worker: &str, batch: &Batch, replies: &[Reply]) -> Cmd
         .arg(&batches);
     let mut starts = starts.iter();
     for write in &batch.writes {
-        cmd.arg(write.what.kind()).arg(&write.key).arg(&write.token);
+        cmd.arg(write.what.kind()).arg(&write.key).arg(format!("|{worker}|{}|", write.token));
         match &write.what {
             What::Event(_) => cmd.arg(starts.next().copied().unwrap_or_default()),
             What::State(payload) => cmd.arg(payload),
