@@ -1,5 +1,6 @@
 -- write(max_events, max_bytes, worker, replies_kept, items, answers, ring,
---       B, batch1, …, kind1, key1, token1, payload1, …, stream_name1, payload1,
+--       B, batch1, …, count1, …, kind1, key1, needle1, payload1, …,
+--       stream_name1, payload1,
 --       …, entry1, …) -> flags: one character per item, '1' when it was
 --       written, '0' when its token is not its job's (or the job is not
 --       `worker`'s, running or moving).
@@ -17,7 +18,8 @@
 -- ARGV[5] items  ARGV[6] answers  ARGV[7] '1' to ring the doorbells of
 -- the reply streams answered (see `ring`)  ARGV[8] B, then B batches of
 -- events: for each event item, in order, the netstrings of its job's key
--- and its payload, cut into entries as the bounds below say
+-- and its payload, cut into entries as the bounds below say; then how
+-- many events each batch holds
 -- then each item's kind (`e` an event emitted, `s` a state saved, `f` the
 -- job finished), job key, `|worker|token|` (the needle of the fence
 -- check, made by the host) and payload (for `e`, where its
@@ -69,7 +71,7 @@
 -- one XDEL.
 local n, answers = tonumber(ARGV[5]), tonumber(ARGV[6])
 local batches = tonumber(ARGV[8])
-local function arg(i, field) return ARGV[4 + batches + 4 * i + field] end -- field 1..4
+local function arg(i, field) return ARGV[4 + 2 * batches + 4 * i + field] end -- field 1..4
 local owners = {}
 for first = 1, n, 1000 do
   local last = math.min(n, first + 999)
@@ -82,21 +84,15 @@ end
 -- when `|worker|token|` (the item's needle, made by the host) follows
 -- `running` or `moving` (the only states that start with `r` and `m`): a
 -- plain find, no captures, no string made here.
--- Of the event items: where each begins in its batch, whether it passed;
--- and how many each batch holds.
-local flags, finished, starts, passed, sizes, events = {}, {}, {}, {}, {}, 0
+-- The events that passed, and whether one was refused.
+local flags, finished, events, refused = {}, {}, 0, false
 for i = 1, n do
   local owner, key, kind = owners[i], arg(i, 2), arg(i, 1)
   local at = owner and not finished[key] and string.find(owner, arg(i, 3), 1, true)
   local ok = at and ((at == 8 and string.byte(owner, 1) == 114) or (at == 7 and string.byte(owner, 1) == 109))
   flags[i] = ok and '1' or '0'
   if kind == 'e' then
-    local start = tonumber(arg(i, 4))
-    starts[#starts + 1] = start
-    passed[#passed + 1] = ok
-    if start == 1 then sizes[#sizes + 1] = 0 end
-    sizes[#sizes] = sizes[#sizes] + 1
-    if ok then events = events + 1 end
+    if ok then events = events + 1 else refused = true end
   elseif ok and kind == 'f' then
     finished[key] = true
   end
@@ -121,7 +117,7 @@ for i = 1, n do
 end
 
 -- The answers and the inbox entries processed.
-local at_arg = 9 + batches + 4 * n
+local at_arg = 9 + 2 * batches + 4 * n
 for a = 0, answers - 1 do
   local name, payload = ARGV[at_arg + 2 * a], ARGV[at_arg + 2 * a + 1]
   local prev = ARGV[7] == '1' and last_id(KEYS[at_key + a])
@@ -136,32 +132,42 @@ if #deletes > 0 then redis.call('XDEL', KEYS[5], unpack(deletes)) end
 if events == 0 then return flags end
 local max_events, max_bytes = tonumber(ARGV[1]), tonumber(ARGV[2])
 local step = math.max(1, math.floor(max_bytes / 16))
--- The entries: the batches as sent when every event passed; otherwise the
--- events that passed, cut again (up to 64 and `step` bytes to an entry).
-local entries = {}
-if events == #starts then
-  for j = 1, batches do entries[j] = {ARGV[8 + j], sizes[j]} end
+-- The entries: the batches as sent when every event passed (no table
+-- made: a call commonly writes one); otherwise the events that passed,
+-- cut again (up to 64 and `step` bytes to an entry).
+local entries, added = nil, 0
+if not refused then
+  for j = 1, batches do added = added + #ARGV[8 + j] end
 else
-  local pieces, size, batch, at = {}, 0, 0, 0
-  for j = 1, #starts do
-    if starts[j] == 1 then batch, at = batch + 1, 0 end
-    at = at + 1
-    if passed[j] then
-      local packed = ARGV[8 + batch]
-      local finish = at < sizes[batch] and starts[j + 1] - 1 or #packed
-      local piece = string.sub(packed, starts[j], finish)
-      if #pieces > 0 and (#pieces == 64 or size + #piece > step) then
-        entries[#entries + 1] = {table.concat(pieces), #pieces}
-        pieces, size = {}, 0
+  entries = {}
+  local pieces, size, batch, packed = {}, 0, 0, nil
+  for i = 1, n do
+    if arg(i, 1) == 'e' then
+      local start = tonumber(arg(i, 4))
+      if start == 1 then batch, packed = batch + 1, ARGV[9 + batch] end
+      if string.byte(flags, i) == 49 then
+        -- It ends where the next event of its batch begins.
+        local finish = #packed
+        for later = i + 1, n do
+          if arg(later, 1) == 'e' then
+            local next_start = tonumber(arg(later, 4))
+            if next_start ~= 1 then finish = next_start - 1 end
+            break
+          end
+        end
+        local piece = string.sub(packed, start, finish)
+        if #pieces > 0 and (#pieces == 64 or size + #piece > step) then
+          entries[#entries + 1] = {table.concat(pieces), #pieces}
+          pieces, size = {}, 0
+        end
+        pieces[#pieces + 1] = piece
+        size = size + #piece
       end
-      pieces[#pieces + 1] = piece
-      size = size + #piece
     end
   end
   entries[#entries + 1] = {table.concat(pieces), #pieces}
+  for _, entry in ipairs(entries) do added = added + #entry[1] end
 end
-local added = 0
-for _, entry in ipairs(entries) do added = added + #entry[1] end
 local total = redis.call('INCRBY', KEYS[3], added)
 if total == added then
   -- A new counter: what an earlier version's entries hold comes first.
@@ -175,10 +181,16 @@ if count == events then
   if earlier > 0 then count = redis.call('INCRBY', KEYS[7], earlier) end
 end
 local bytes_at, events_at = total - added, count - events
-for _, entry in ipairs(entries) do
-  bytes_at, events_at = bytes_at + #entry[1], events_at + entry[2]
-  redis.call('XADD', KEYS[2], '*', 'n', 'emit', 'b', entry[1], 'k', entry[2],
+local function add(packed, k)
+  bytes_at, events_at = bytes_at + #packed, events_at + k
+  redis.call('XADD', KEYS[2], '*', 'n', 'emit', 'b', packed, 'k', k,
     'c', string.format('%d', bytes_at), 'e', string.format('%d', events_at))
+end
+if not entries then
+  if batches == 1 then add(ARGV[9], events)
+  else for j = 1, batches do add(ARGV[8 + j], tonumber(ARGV[8 + batches + j])) end end
+else
+  for _, entry in ipairs(entries) do add(entry[1], entry[2]) end
 end
 if math.floor(count / 64) == math.floor((count - events) / 64)
     and math.floor(total / step) == math.floor((total - added) / step) then

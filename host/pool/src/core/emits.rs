@@ -467,7 +467,7 @@ fn write_cmd(core: &Core, worker: &str, batch: &Batch, replies: &[Reply]) -> Cmd
         }
     }
     names.extend(replies.iter().map(|reply| reply.stream.clone()));
-    let (batches, starts) = entries(batch, core.options.events_max_bytes);
+    let Cut { entries, counts, starts } = cut(batch, core.options.events_max_bytes);
     let mut cmd = scripts::evalsha(&scripts::WRITE, &names);
     cmd.arg(core.options.events_retention)
         .arg(core.options.events_max_bytes)
@@ -476,8 +476,9 @@ fn write_cmd(core: &Core, worker: &str, batch: &Batch, replies: &[Reply]) -> Cmd
         .arg(batch.writes.len())
         .arg(replies.len())
         .arg(core.ring())
-        .arg(batches.len())
-        .arg(&batches);
+        .arg(entries.len())
+        .arg(&entries)
+        .arg(&counts);
     let mut starts = starts.iter();
     for write in &batch.writes {
         cmd.arg(write.what.kind()).arg(&write.key).arg(format!("|{worker}|{}|", write.token));
@@ -498,32 +499,43 @@ fn write_cmd(core: &Core, worker: &str, batch: &Batch, replies: &[Reply]) -> Cmd
 /// `write.lua`).
 const EVENTS_PER_ENTRY: usize = 64;
 
-/// The events of `batch` cut into the entries of the events stream: each
-/// the netstrings of its events' keys and payloads, up to
-/// [`EVENTS_PER_ENTRY`] and a sixteenth of `max_bytes` (or one larger
-/// event); and for each event, where its netstrings begin in its entry
-/// (from 1, as Lua counts).
-fn entries(batch: &Batch, max_bytes: u64) -> (Vec<Vec<u8>>, Vec<usize>) {
+/// The events of a batch cut into the entries of the events stream.
+#[derive(Debug, Default)]
+struct Cut {
+    /// Each entry's batch: the netstrings of its events' keys and
+    /// payloads.
+    entries: Vec<Vec<u8>>,
+    /// How many events each entry holds.
+    counts: Vec<usize>,
+    /// For each event, where its netstrings begin in its entry (from 1, as
+    /// Lua counts).
+    starts: Vec<usize>,
+}
+
+/// The events of `batch` cut into entries of up to [`EVENTS_PER_ENTRY`]
+/// events and a sixteenth of `max_bytes` (or one larger event).
+fn cut(batch: &Batch, max_bytes: u64) -> Cut {
     let step = usize::try_from(max_bytes / 16).unwrap_or(usize::MAX).max(1);
-    let (mut entries, mut starts): (Vec<Vec<u8>>, Vec<usize>) = (Vec::new(), Vec::new());
-    let mut events = 0;
+    let mut cut = Cut::default();
     for write in &batch.writes {
         let What::Event(payload) = &write.what else { continue };
         let size = netstring_len(write.key.len()) + netstring_len(payload.len());
-        let entry = match entries.last_mut() {
-            Some(entry) if events < EVENTS_PER_ENTRY && entry.len() + size <= step => entry,
-            _ => {
-                events = 0;
-                entries.push(Vec::with_capacity(size));
-                entries.last_mut().expect("just pushed")
-            }
-        };
-        starts.push(entry.len() + 1);
+        let fits = cut
+            .entries
+            .last()
+            .zip(cut.counts.last())
+            .is_some_and(|(entry, count)| *count < EVENTS_PER_ENTRY && entry.len() + size <= step);
+        if !fits {
+            cut.entries.push(Vec::with_capacity(size));
+            cut.counts.push(0);
+        }
+        let (entry, count) = cut.entries.last_mut().zip(cut.counts.last_mut()).expect("an entry");
+        cut.starts.push(entry.len() + 1);
         pulse_rmap::push_netstring(entry, write.key.as_bytes());
         pulse_rmap::push_netstring(entry, payload);
-        events += 1;
+        *count += 1;
     }
-    (entries, starts)
+    cut
 }
 
 /// The bytes of a netstring of `len` bytes.
@@ -616,21 +628,22 @@ mod tests {
     fn events_are_cut_into_entries_of_64_and_a_sixteenth_of_the_bound() {
         let state = Write { key: "s".into(), token: "1".into(), what: What::State(b"st".to_vec()) };
         let writes = vec![event("a", 1), state, event("bb", 0)];
-        let (cut, starts) = super::entries(&Batch { writes, ..Batch::default() }, 1 << 20);
+        let Cut { entries: cut, counts, starts } = super::cut(&Batch { writes, ..Batch::default() }, 1 << 20);
         assert_eq!(cut, [b"1:a,1:x,2:bb,0:,".to_vec()]);
-        assert_eq!(starts, [1, 9]);
+        assert_eq!((counts, starts), (vec![2], vec![1, 9]));
 
         // 64 to an entry, then a new one.
         let writes = (0..130).map(|_| event("k", 1)).collect();
-        let (cut, starts) = super::entries(&Batch { writes, ..Batch::default() }, 1 << 20);
+        let Cut { entries: cut, counts, starts } = super::cut(&Batch { writes, ..Batch::default() }, 1 << 20);
         assert_eq!(cut.iter().map(|e| e.len() / 8).collect::<Vec<_>>(), [64, 64, 2]);
+        assert_eq!(counts, [64, 64, 2]);
         assert_eq!((starts[63], starts[64]), (1 + 63 * 8, 1));
 
         // A sixteenth of 1,600 bytes is 100: two events of 40 share an
         // entry, a third goes to the next; one larger event is alone.
         let writes = vec![event("k", 40), event("k", 40), event("k", 40), event("k", 200), event("k", 1)];
-        let (cut, starts) = super::entries(&Batch { writes, ..Batch::default() }, 1600);
+        let Cut { entries: cut, counts, starts } = super::cut(&Batch { writes, ..Batch::default() }, 1600);
         assert_eq!(cut.iter().map(Vec::len).collect::<Vec<_>>(), [96, 48, 209, 8]);
-        assert_eq!(starts, [1, 49, 1, 1, 1]);
+        assert_eq!((counts, starts), (vec![2, 1, 1, 1], vec![1, 49, 1, 1, 1]));
     }
 }

@@ -150,6 +150,9 @@ async fn a_start_delivered_twice_under_the_same_token_starts_the_job_once() {
 #[derive(Clone, Default)]
 struct Emitter {
     contexts: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, pulse_pool::JobContext>>>,
+    /// A context of an earlier run of a job: with a notification
+    /// `<count>x<size>`, each tenth event is emitted through it too.
+    stale: std::sync::Arc<std::sync::Mutex<Option<pulse_pool::JobContext>>>,
 }
 
 impl pulse_pool::JobHandler for Emitter {
@@ -172,7 +175,11 @@ impl pulse_pool::JobHandler for Emitter {
         let text = String::from_utf8(payload).unwrap();
         let (count, size) = text.split_once('x').unwrap();
         let event = vec![b'e'; size.parse().unwrap()];
-        for _ in 0..count.parse::<usize>().unwrap() {
+        let stale = self.stale.lock().unwrap().clone();
+        for i in 0..count.parse::<usize>().unwrap() {
+            if let Some(stale) = stale.as_ref().filter(|_| i % 10 == 0) {
+                stale.emit(b"stale").await.unwrap();
+            }
             ctx.emit(&event).await.unwrap();
         }
         Ok(())
@@ -393,6 +400,29 @@ async fn events_are_written_in_order_before_the_answer_and_without_a_call_and_ne
     }
     // The queue is written in order: "late" came before "last".
     assert_eq!(emitted_by(&pool, "gone").await, Vec::<Vec<u8>>::new());
+    finish(&pool, &[&node]).await;
+}
+
+#[tokio::test]
+async fn events_the_fence_refuses_leave_the_others_of_their_entries_in_order() {
+    let pool = unique("events_refused");
+    let node = pulse_pool::Node::join(&crate::client(), &pool, crate::options()).await.unwrap();
+    let emitter = Emitter::default();
+    node.add_worker(emitter.clone()).await.unwrap();
+    node.dispatch("e", b"").await.unwrap();
+    let earlier = emitter.contexts.lock().unwrap().get("e").cloned().unwrap();
+    assert_eq!(node.stop("e").await.unwrap(), EventOutcome::Done);
+    node.dispatch("e", b"").await.unwrap();
+    *emitter.stale.lock().unwrap() = Some(earlier);
+
+    // One call emits 150 events and, through the earlier run's context, 15
+    // more under its old token: one write of three entries' worth, each
+    // with events the fence refuses.
+    assert_eq!(node.notify("e", b"150x3").await.unwrap(), EventOutcome::Done);
+    assert_eq!(emitted_by(&pool, "e").await, vec![b"eee".to_vec(); 150]);
+    let held = events_held(&pool).await;
+    assert_eq!((held.events, held.counted_events, held.counted_bytes), (150, 150, held.bytes), "{held:?}");
+    assert!(entries(&pool).await.iter().all(|(_, fields)| events_of(fields) <= 64));
     finish(&pool, &[&node]).await;
 }
 
