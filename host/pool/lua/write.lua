@@ -14,18 +14,18 @@
 -- a state, the job's record and held events for a finish; then each
 -- answer's reply stream
 -- ARGV[1] events the events stream keeps  ARGV[2] bytes it keeps
--- ARGV[3] the worker  ARGV[4] entries a reply stream keeps (about)
--- ARGV[5] items  ARGV[6] answers  ARGV[7] '1' to ring the doorbells of
--- the reply streams answered (see `ring`)  ARGV[8] B, then B batches of
--- events: for each event item, in order, the netstrings of its job's key
--- and its payload, cut into entries as the bounds below say; then how
--- many events each batch holds
+-- ARGV[3] the worker (the needles hold it too)  ARGV[4] entries a reply
+-- stream keeps (about)  ARGV[5] items  ARGV[6] answers  ARGV[7] '1' to
+-- ring the doorbells of the reply streams answered (see `ring`)
+-- ARGV[8] B, then B batches of events (for each event item, in order,
+-- the netstrings of its job's key and its payload, cut into entries as
+-- the bounds below say), then how many events each batch holds
 -- then each item's kind (`e` an event emitted, `s` a state saved, `f` the
 -- job finished), job key, `|worker|token|` (the needle of the fence
--- check, made by the host) and payload (for `e`, where its
--- netstrings begin in its batch, from 1: 1 begins the next batch; empty
--- for `f`); then each answer's entry name and payload; then the inbox
--- entries to delete
+-- check, made by the host) and payload (for `e`, where its netstrings
+-- begin in its batch, from 1: 1 begins the next batch; empty for `f`);
+-- then each answer's entry name and payload; then the inbox entries to
+-- delete
 --
 -- One step for everything a worker writes of its jobs' calls: the events
 -- a call emitted, the state it saved and its job's completion land with

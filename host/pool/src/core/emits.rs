@@ -15,7 +15,9 @@
 //! them is: a host killed between two writes of one call could otherwise
 //! leave a state saved without the event emitted with it, and the job's
 //! next run would resume past a count nobody saw. So an emit costs no round
-//! trip of its own, and the writes of many calls share one script call.
+//! trip of its own, and the writes of many calls share one script call;
+//! the events of one script call share entries of the events stream
+//! ([`cut`] makes them, see `write.lua`).
 //!
 //! Order: every write made in the name of a worker's jobs outside a call
 //! (a failure, a hand-back, a completion after a stop) sends what is
