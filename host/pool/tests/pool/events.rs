@@ -3,7 +3,7 @@
 use pulse_pool::{DispatchOutcome, EventOutcome};
 use pulse_testkit::unique;
 
-use crate::{Call, Calls, finish, node};
+use crate::{Call, Calls, emitted_by, finish, node};
 
 #[tokio::test]
 async fn notifications_arrive_in_order_with_gapless_sequence_numbers() {
@@ -343,17 +343,6 @@ async fn events_an_earlier_version_wrote_count_toward_the_byte_bound() {
     assert!(held.bytes <= 64 << 10 && held.events >= 3, "{held:?} for a limit of 64 KiB");
     assert_eq!((held.counted_events, held.counted_bytes), (held.events, held.bytes), "{held:?}");
     finish(&pool, &[&node]).await;
-}
-
-/// The payloads of the events job `key` emitted, in the stream's order.
-async fn emitted_by(pool: &str, key: &str) -> Vec<Vec<u8>> {
-    let mut conn = pulse_testkit::connect(pulse_testkit::shared_redis_url()).await;
-    crate::stream_events(&mut conn, &format!("pulse:{{{pool}}}:stream:events"))
-        .await
-        .into_iter()
-        .filter(|event| event.topic.as_deref() == Some(key))
-        .map(|event| event.payload)
-        .collect()
 }
 
 #[tokio::test]

@@ -213,6 +213,18 @@ pub async fn stream_events(
         .collect()
 }
 
+/// The payloads of the events job `key` of pool `pool` emitted, in the
+/// stream's order (on the shared Redis).
+pub async fn emitted_by(pool: &str, key: &str) -> Vec<Vec<u8>> {
+    let mut conn = pulse_testkit::connect(pulse_testkit::shared_redis_url()).await;
+    stream_events(&mut conn, &format!("pulse:{{{pool}}}:stream:events"))
+        .await
+        .into_iter()
+        .filter(|event| event.topic.as_deref() == Some(key))
+        .map(|event| event.payload)
+        .collect()
+}
+
 /// Stops every job, closes the nodes, removes what only a pool shutdown
 /// removes (membership maps, counters), and checks nothing else is left.
 pub async fn finish(pool: &str, nodes: &[&Node]) {

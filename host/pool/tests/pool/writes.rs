@@ -64,12 +64,7 @@ async fn held(pool: &str, key: &str) -> Held {
         .query_async(&mut conn)
         .await
         .unwrap();
-    let emitted = crate::stream_events(&mut conn, &format!("pulse:{{{pool}}}:stream:events"))
-        .await
-        .into_iter()
-        .filter(|event| event.topic.as_deref() == Some(key))
-        .map(|event| event.payload)
-        .collect();
+    let emitted = crate::emitted_by(pool, key).await;
     let listed: bool = redis::cmd("HEXISTS")
         .arg(format!("pulse:{{{pool}}}:jobs"))
         .arg(key)
