@@ -10,6 +10,11 @@ pub fn push_netstring(out: &mut Vec<u8>, field: &[u8]) {
     out.push(b',');
 }
 
+/// The bytes [`push_netstring`] appends for a field of `len` bytes.
+pub fn netstring_len(len: usize) -> usize {
+    len.to_string().len() + 2 + len
+}
+
 /// The consecutive netstrings of `bytes`; `None` when malformed.
 pub fn netstrings(mut bytes: &[u8]) -> Option<Vec<&[u8]>> {
     let mut fields = Vec::new();
@@ -121,6 +126,15 @@ impl Change {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn netstring_len_is_what_push_netstring_appends() {
+        for len in [0, 1, 9, 10, 99, 100, 65_536] {
+            let mut out = Vec::new();
+            push_netstring(&mut out, &vec![b'x'; len]);
+            assert_eq!(netstring_len(len), out.len(), "{len}");
+        }
+    }
 
     #[test]
     fn lists_round_trip_any_text() {

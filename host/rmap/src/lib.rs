@@ -45,7 +45,7 @@ mod replica;
 mod scripts;
 mod subscription;
 
-pub use codec::{decode_list, encode_list, netstrings, push_netstring};
+pub use codec::{decode_list, encode_list, netstring_len, netstrings, push_netstring};
 pub use error::{Error, Result};
 pub use map::{Map, MapOptions, Swap, Ttl};
 pub use scripts::{SCRIPT_LIBRARY, assemble};

@@ -521,7 +521,7 @@ fn cut(batch: &Batch, max_bytes: u64) -> Cut {
     let mut cut = Cut::default();
     for write in &batch.writes {
         let What::Event(payload) = &write.what else { continue };
-        let size = netstring_len(write.key.len()) + netstring_len(payload.len());
+        let size = pulse_rmap::netstring_len(write.key.len()) + pulse_rmap::netstring_len(payload.len());
         let fits = cut
             .entries
             .last()
@@ -538,11 +538,6 @@ fn cut(batch: &Batch, max_bytes: u64) -> Cut {
         *count += 1;
     }
     cut
-}
-
-/// The bytes of a netstring of `len` bytes.
-fn netstring_len(len: usize) -> usize {
-    len.to_string().len() + 2 + len
 }
 
 /// The entries for `answers` on their reply streams: per reply stream,

@@ -245,8 +245,7 @@ async fn events_held(pool: &str) -> Held {
 /// The bytes an event of job `key` with a payload of `size` bytes takes
 /// in its entry: the netstrings of both.
 fn event_bytes(key: &str, size: usize) -> usize {
-    let netstring = |len: usize| len.to_string().len() + 2 + len;
-    netstring(key.len()) + netstring(size)
+    pulse_rmap::netstring_len(key.len()) + pulse_rmap::netstring_len(size)
 }
 
 /// A node of pool `pool` whose events stream keeps 100 events and 64 KiB,
