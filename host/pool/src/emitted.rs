@@ -5,7 +5,7 @@
 
 use pulse_streams::{
     Event, Reader, ReaderEvent, ReaderOptions, ReaderSubscription, Start, Stream, StreamOptions, id_after,
-    id_order,
+    id_order, is_event_id,
 };
 
 use crate::error::Result;
@@ -237,14 +237,7 @@ impl EmittedEvents {
         let groups = self.others.len() + 1;
         let Some(after) = after else { return Ok(vec![START.to_owned(); groups]) };
         let ids: Vec<String> = after.split(',').map(str::to_owned).collect();
-        let valid = |id: &String| {
-            let (entry, index) = id.split_once('.').unwrap_or((id, "0"));
-            index.parse::<u64>().is_ok()
-                && entry
-                    .split_once('-')
-                    .is_some_and(|(ms, seq)| ms.parse::<u64>().is_ok() && seq.parse::<u64>().is_ok())
-        };
-        if ids.len() != groups || !ids.iter().all(valid) {
+        if ids.len() != groups || !ids.iter().all(|id| is_event_id(id)) {
             return Err(crate::Error::InvalidEventId {
                 pool: self.pool.clone(),
                 id: after.to_owned(),

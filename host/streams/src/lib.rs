@@ -64,14 +64,25 @@ pub fn id_after(a: &str, b: &str) -> bool {
 }
 
 /// An id as a sortable key: time, sequence, index (`u64::MAX` for a whole
-/// entry).
+/// entry); a part that does not parse counts as 0.
 pub fn id_order(id: &str) -> (u64, u64, u64) {
-    let (entry, index) = match id.split_once('.') {
-        Some((entry, index)) => (entry, index.parse().unwrap_or(0)),
-        None => (id, u64::MAX),
-    };
-    let (ms, seq) = entry.split_once('-').unwrap_or((entry, "0"));
-    (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0), index)
+    let (ms, seq, index) = id_fields(id);
+    let number = |text: &str| text.parse().unwrap_or(0);
+    (number(ms), seq.map_or(0, number), index.map_or(u64::MAX, number))
+}
+
+/// Whether `id` is an event id: `<ms>-<seq>` or `<ms>-<seq>.<index>`.
+pub fn is_event_id(id: &str) -> bool {
+    let (ms, seq, index) = id_fields(id);
+    let number = |text: &str| text.parse::<u64>().is_ok();
+    number(ms) && seq.is_some_and(number) && index.is_none_or(number)
+}
+
+/// The time, sequence and index of an id, as text.
+fn id_fields(id: &str) -> (&str, Option<&str>, Option<&str>) {
+    let (entry, index) = id.split_once('.').map_or((id, None), |(entry, index)| (entry, Some(index)));
+    let (ms, seq) = entry.split_once('-').map_or((entry, None), |(ms, seq)| (ms, Some(seq)));
+    (ms, seq, index)
 }
 
 /// The entry id of event id `id` (itself for an entry of one event).
@@ -111,5 +122,11 @@ mod tests {
         assert_eq!(read_after("5-3.2"), "5-2");
         assert_eq!(read_after("5-0.2"), format!("4-{}", u64::MAX));
         assert_eq!(read_after("0-1.0"), "0-0");
+        for id in ["5-3", "5-3.0", "17-0.12"] {
+            assert!(is_event_id(id), "{id}");
+        }
+        for id in ["5", "5-", "5-x", "5-3.", "5-3.x", "-3", "5-3.1.2", ""] {
+            assert!(!is_event_id(id), "{id}");
+        }
     }
 }
