@@ -1,9 +1,8 @@
 -- write(max_events, max_bytes, worker, replies_kept, items, answers, ring,
 --       B, batch1, …, count1, …, kind1, key1, needle1, payload1, …,
---       stream_name1, payload1,
---       …, entry1, …) -> flags: one character per item, '1' when it was
---       written, '0' when its token is not its job's (or the job is not
---       `worker`'s, running or moving).
+--       stream_name1, payload1, …, entry1, …) -> flags: one character
+--       per item, '1' when it was written, '0' when its token is not its
+--       job's (or the job is not `worker`'s, running or moving).
 --
 -- KEYS[1] jobs hash   KEYS[2] the pool's events stream   KEYS[3] the
 -- bytes ever written to the stream (a counter)   KEYS[4] the payload
@@ -53,12 +52,13 @@
 -- counters say what the stream holds without reading it: the newest
 -- counter less the oldest entry's, less what that entry holds. Each time
 -- the events counter passes a multiple of 64, or the bytes counter a
--- sixteenth of ARGV[2], the oldest entry is read. Within a sixteenth of
--- the bound in bytes, the oldest entries are read and trimmed until at
--- most fourteen sixteenths of ARGV[2] bytes and ARGV[1] events are left. Past it in
--- events alone, as many entries as hold the excess on average go in one
--- `XTRIM MAXLEN`, without reading them, and the new oldest entry is read
--- to check (again while more than ARGV[1] + 64 are left).
+-- sixteenth of ARGV[2], the oldest entry is read. When the bytes held
+-- are within a sixteenth of ARGV[2] or past it, the oldest entries are
+-- read and trimmed until at most fourteen sixteenths of ARGV[2] bytes and
+-- ARGV[1] events are left. When only the events are past ARGV[1], as many
+-- entries as hold the excess on average go in one `XTRIM MAXLEN`, without
+-- reading them, and the new oldest entry is read to check (again while
+-- more than ARGV[1] + 64 are left).
 --
 -- Entries without `c` or `e` were written by earlier versions, one event
 -- each. The bytes counter starts from KEYS[4], where those versions kept
