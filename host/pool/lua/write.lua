@@ -45,20 +45,22 @@
 -- event the id `<entry id>.<index>` (see pulse-streams' `Event`).
 --
 -- Bounds of the events stream: it never holds more than ARGV[2] bytes of
--- events (their netstrings), nor more than ARGV[1] + 64 events, but for
--- its newest entry, which always stays: one plugin emitting large events
--- cannot fill Redis. Entries are trimmed whole, so none holds more than
--- 64 events and a sixteenth of ARGV[2] bytes (or one larger event). The
--- counters say what the stream holds without reading it: the newest
--- counter less the oldest entry's, less what that entry holds. Each time
--- the events counter passes a multiple of 64, or the bytes counter a
--- sixteenth of ARGV[2], the oldest entry is read. When the bytes held
--- are within a sixteenth of ARGV[2] or past it, the oldest entries are
--- read and trimmed until at most fourteen sixteenths of ARGV[2] bytes and
--- ARGV[1] events are left. When only the events are past ARGV[1], as many
--- entries as hold the excess on average go in one `XTRIM MAXLEN`, without
--- reading them, and the new oldest entry is read to check (again while
--- more than ARGV[1] + 64 are left).
+-- events (their netstrings), but for its newest entry, which always
+-- stays: one plugin emitting large events cannot fill Redis. By count,
+-- it holds at least ARGV[1] events (once that many were written, and the
+-- byte bound allows) and at most 127 more: entries are trimmed whole, and
+-- none holds more than 64 events and a sixteenth of ARGV[2] bytes (or one
+-- larger event). The counters say what the stream holds without reading
+-- it: the newest counter less the oldest entry's, less what that entry
+-- holds. Each time the events counter passes a multiple of 64, or the
+-- bytes counter a sixteenth of ARGV[2], the oldest entry is read. When
+-- the bytes held are within a sixteenth of ARGV[2] or past it, the oldest
+-- entries are read and trimmed until at most fourteen sixteenths of
+-- ARGV[2] bytes are left and no more than ARGV[1] + 63 events. When only
+-- the events are past ARGV[1], the first entry to keep is looked for by
+-- its time (entry ids are times, and the counters say where between two
+-- entries the events to drop end): a few reads of one entry, then one
+-- `XTRIM MINID`.
 --
 -- Entries without `c` or `e` were written by earlier versions, one event
 -- each. The bytes counter starts from KEYS[4], where those versions kept
@@ -66,8 +68,8 @@
 -- length: those entries count as written before every later one.
 --
 -- A call costs an HMGET per 1,000 items, an HSET per state; for its
--- events, an XADD per entry and two INCRBY; one in about 64 events, an
--- XLEN, two reads of one entry and an XTRIM; then an XADD per answer and
+-- events, an XADD per entry and two INCRBY; one in about 64 events, a
+-- few reads of one entry and an XTRIM; then an XADD per answer and
 -- one XDEL.
 local n, answers = tonumber(ARGV[5]), tonumber(ARGV[6])
 local batches = tonumber(ARGV[8])
@@ -181,9 +183,10 @@ if count == events then
   if earlier > 0 then count = redis.call('INCRBY', KEYS[7], earlier) end
 end
 local bytes_at, events_at = total - added, count - events
+local newest
 local function add(packed, k)
   bytes_at, events_at = bytes_at + #packed, events_at + k
-  redis.call('XADD', KEYS[2], '*', 'n', 'emit', 'b', packed, 'k', k,
+  newest = redis.call('XADD', KEYS[2], '*', 'n', 'emit', 'b', packed, 'k', k,
     'c', string.format('%d', bytes_at), 'e', string.format('%d', events_at))
 end
 if not entries then
@@ -210,7 +213,38 @@ local function counted(entry)
   end
   return c, e, size, k
 end
-local len = redis.call('XLEN', KEYS[2])
+-- The id of the first entry whose events counter is past `target`,
+-- between `lo` (at or before it) and `hi` (past it), both {id, e}; nil
+-- when an earlier version's entry is met or the search takes too long.
+-- Entry ids are times, so the counter's place is guessed between the two
+-- times and one entry read there: a few reads where walking would read
+-- every entry before it.
+local function first_past(target, lo, hi)
+  local step_from_lo = false
+  for _ = 1, 16 do
+    local start
+    if not step_from_lo then
+      local lo_ms, hi_ms = tonumber(string.match(lo.id, '^%d+')), tonumber(string.match(hi.id, '^%d+'))
+      local guess = lo_ms + math.floor((hi_ms - lo_ms) * (target - lo.e) / (hi.e - lo.e))
+      if guess > lo_ms then start = string.format('%d-0', guess) end
+    end
+    start = start or '(' .. lo.id
+    local entry = redis.call('XRANGE', KEYS[2], start, '+', 'COUNT', 1)[1]
+    if not entry then return nil end
+    local e = select(2, counted(entry))
+    if not e then return nil end
+    if e <= target then
+      lo, step_from_lo = {id = entry[1], e = e}, false
+    elseif string.sub(start, 1, 1) == '(' then
+      return entry[1] -- the entry right after lo
+    elseif entry[1] == hi.id then
+      step_from_lo = true -- nothing found between the guess and hi
+    else
+      hi = {id = entry[1], e = e}
+    end
+  end
+  return nil
+end
 -- What was written before the oldest entry, that is trimmed already (0
 -- before an earlier version's entry: the counters began with those).
 local function oldest()
@@ -223,27 +257,36 @@ local bytes_trimmed, events_trimmed, batch = oldest()
 if not batch then return flags end
 local keep_bytes = max_bytes - 2 * step
 if total - bytes_trimmed <= max_bytes - step then
-  -- Within the byte bound until the next check: entries by count,
-  -- without reading them.
-  for _ = 1, 4 do
-    local held = count - events_trimmed
-    if held <= max_events or len <= 1 then return flags end
-    local drop = math.min(len - 1, math.ceil((held - max_events) * len / held))
-    len = len - drop
-    redis.call('XTRIM', KEYS[2], 'MAXLEN', len)
-    bytes_trimmed, events_trimmed, batch = oldest()
-    if count - events_trimmed <= max_events + 64 then return flags end
+  -- Within the byte bound until the next check: by count, the first
+  -- entry past the events to drop is found by its time, and everything
+  -- before it goes.
+  local target = count - max_events
+  local e_oldest = select(2, counted(batch[1]))
+  if not e_oldest or e_oldest > target then
+    if e_oldest then return flags end
+  else
+    local keep = first_past(target, {id = batch[1][1], e = e_oldest}, {id = newest, e = count})
+    if keep then
+      redis.call('XTRIM', KEYS[2], 'MINID', keep)
+      return flags
+    end
   end
 end
-local last = nil
-while len > 1 and (total - bytes_trimmed > keep_bytes or count - events_trimmed > max_events) do
+-- Oldest first: past the byte bound, entries go until it is kept; by
+-- count, as many as leave at least `max_events` events.
+local len = redis.call('XLEN', KEYS[2])
+local last, done = nil, false
+while not done and len > 1 do
   batch = batch or redis.call('XRANGE', KEYS[2], '(' .. last, '+', 'COUNT', 64)
   if #batch == 0 then break end
   for _, entry in ipairs(batch) do
-    if len <= 1 or (total - bytes_trimmed <= keep_bytes and count - events_trimmed <= max_events) then break end
     local c, e, size, k = counted(entry)
-    bytes_trimmed = c or bytes_trimmed + size
-    events_trimmed = e or events_trimmed + k
+    local bytes_after, events_after = c or bytes_trimmed + size, e or events_trimmed + k
+    if len <= 1 or (total - bytes_trimmed <= keep_bytes and count - events_after < max_events) then
+      done = true
+      break
+    end
+    bytes_trimmed, events_trimmed = bytes_after, events_after
     len = len - 1
     last = entry[1]
   end
