@@ -109,10 +109,14 @@ fn a_new_release_rolls_through_two_hosts_on_sighup_and_every_job_goes_on_from_it
     let plugin = dir.path().join("counter.wasm");
     install(COUNTER, &plugin);
     let config = dir.path().join("config.toml");
+    // The pool keeps every event: the checks below read each job's counts
+    // from the first, and 300 jobs counting every 300 ms pass the default
+    // 10,000 events in about 10 s, which a slow run takes.
     std::fs::write(
         &config,
         format!(
-            "[[plugin]]\nname = \"count\"\npath = {:?}\nworkers = 2\nupgrade_window = \"2s\"\n\
+            "[node]\nevents_retention = 1000000\n\
+             [[plugin]]\nname = \"count\"\npath = {:?}\nworkers = 2\nupgrade_window = \"2s\"\n\
              [plugin.settings]\ninterval-ms = \"300\"\n",
             plugin.display().to_string()
         ),
@@ -141,7 +145,7 @@ fn a_new_release_rolls_through_two_hosts_on_sighup_and_every_job_goes_on_from_it
     hang_up(&a);
     eventually("host a refused the invalid config", || refusals() == 1);
     let refused = std::fs::read_to_string(&log_a).unwrap();
-    assert!(refused.contains("config.toml:4:"), "the refusal names the line: {refused}");
+    assert!(refused.contains("config.toml:6:"), "the refusal names the line: {refused}");
     std::fs::write(&config, &valid).unwrap();
     install(WRONG_WORLD, &plugin);
     hang_up(&a);
