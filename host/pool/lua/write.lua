@@ -262,15 +262,14 @@ if total - bytes_trimmed <= max_bytes - step then
   -- before it goes.
   local target = count - max_events
   local e_oldest = select(2, counted(batch[1]))
-  if not e_oldest or e_oldest > target then
-    if e_oldest then return flags end
-  else
-    local keep = first_past(target, {id = batch[1][1], e = e_oldest}, {id = newest, e = count})
-    if keep then
-      redis.call('XTRIM', KEYS[2], 'MINID', keep)
-      return flags
-    end
+  -- The oldest entry holds events to keep: nothing goes.
+  if e_oldest and e_oldest > target then return flags end
+  local keep = e_oldest and first_past(target, {id = batch[1][1], e = e_oldest}, {id = newest, e = count})
+  if keep then
+    redis.call('XTRIM', KEYS[2], 'MINID', keep)
+    return flags
   end
+  -- An earlier version's entry, or a search that gave up: the walk below.
 end
 -- Oldest first: past the byte bound, entries go until it is kept; by
 -- count, as many as leave at least `max_events` events.
