@@ -14,13 +14,16 @@
 //!
 //! Events that share an entry (see [`Event`]) go to one consumer together,
 //! and the entry is acknowledged once each of them is; claimed again, they
-//! all come again.
+//! all come again. A consumer tracks which events of such an entry it has
+//! not acknowledged yet, until the entry is no longer pending there (each
+//! upkeep round asks Redis): another consumer that claimed it
+//! acknowledges it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redis::streams::{StreamAutoClaimReply, StreamId, StreamReadReply};
+use redis::streams::{StreamAutoClaimReply, StreamId, StreamPendingCountReply, StreamReadReply};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -257,7 +260,7 @@ impl SinkShared {
     async fn ack(&self, conn: &mut impl redis::aio::ConnectionLike, id: &str) -> redis::RedisResult<()> {
         let entry = crate::entry_of(id);
         if entry != id {
-            let mut unacked = self.unacked.lock().unwrap_or_else(|poison| poison.into_inner());
+            let mut unacked = self.tracked();
             if let Some(left) = unacked.get_mut(entry) {
                 left.retain(|event| event != id);
                 if !left.is_empty() {
@@ -267,6 +270,44 @@ impl SinkShared {
             }
         }
         self.ack_entry(conn, entry).await
+    }
+
+    /// Forgets the shared entries tracked here that are no longer pending
+    /// here: another consumer claimed them past the grace period, and
+    /// acknowledging them is its part now. Without this, events delivered
+    /// here and never acknowledged would be tracked for the sink's life.
+    async fn forget_claimed(&self, conn: &mut impl redis::aio::ConnectionLike) -> redis::RedisResult<()> {
+        /// Pending entries listed at most; a consumer holding more keeps
+        /// its tracked entries until it holds fewer.
+        const LISTED: usize = 10_000;
+        let tracked: Vec<String> = self.tracked().keys().cloned().collect();
+        if tracked.is_empty() {
+            return Ok(());
+        }
+        let reply: StreamPendingCountReply = redis::cmd("XPENDING")
+            .arg(&self.stream.inner.keys.stream)
+            .arg(&self.group)
+            .arg("-")
+            .arg("+")
+            .arg(LISTED)
+            .arg(&self.consumer)
+            .query_async(conn)
+            .await?;
+        if reply.ids.len() >= LISTED {
+            return Ok(());
+        }
+        let pending: HashSet<&str> = reply.ids.iter().map(|pending| pending.id.as_str()).collect();
+        // Only entries tracked before the listing: one admitted since is
+        // pending here, whether or not the listing shows it.
+        let mut unacked = self.tracked();
+        for entry in tracked.iter().filter(|entry| !pending.contains(entry.as_str())) {
+            unacked.remove(entry);
+        }
+        Ok(())
+    }
+
+    fn tracked(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<String>>> {
+        self.unacked.lock().unwrap_or_else(|poison| poison.into_inner())
     }
 
     async fn ack_entry(
@@ -294,7 +335,7 @@ impl SinkShared {
             }
         } else if events.len() > 1 || events[0].id != entry.id {
             let ids = events.iter().map(|event| event.id.clone()).collect();
-            self.unacked.lock().unwrap_or_else(|poison| poison.into_inner()).insert(entry.id.clone(), ids);
+            self.tracked().insert(entry.id.clone(), ids);
         }
         events
     }
@@ -390,6 +431,9 @@ async fn upkeep_loop(shared: Arc<SinkShared>, tx: mpsc::Sender<Event>, token: Ca
         if let Err(error) = claim(&shared, &tx, &token, &mut conn).await {
             tracing::debug!(error = %error, "claiming idle entries failed");
         }
+        if let Err(error) = shared.forget_claimed(&mut conn).await {
+            tracing::debug!(error = %error, "listing this consumer's pending entries failed");
+        }
         let dead_after = u64::try_from((shared.options.ack_grace * 2).as_millis()).unwrap_or(u64::MAX);
         let reaped: redis::RedisResult<Vec<String>> = scripts::REAP
             .key(&shared.stream.inner.keys.stream)
@@ -440,5 +484,65 @@ async fn claim(
             return Ok(());
         }
         cursor = reply.next_stream_id;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "a test: a panic is the failure report")]
+
+    use crate::{SinkOptions, Start, Stream, StreamOptions};
+
+    /// A shared entry delivered here stays tracked while it is pending
+    /// here, and is forgotten once another consumer claimed and
+    /// acknowledged it.
+    #[tokio::test]
+    async fn a_shared_entry_another_consumer_took_is_no_longer_tracked() {
+        let redis = pulse_redis::Redis::open(pulse_testkit::shared_redis_url()).unwrap();
+        let name = format!("claimed_{:08x}", fastrand::u32(..));
+        let stream = Stream::open(&redis, &name, StreamOptions::default()).await.unwrap();
+        let key = stream.inner.keys.stream.clone();
+        let mut batch = Vec::new();
+        for payload in ["b0", "b1"] {
+            pulse_rmap::push_netstring(&mut batch, b"k");
+            pulse_rmap::push_netstring(&mut batch, payload.as_bytes());
+        }
+        let mut conn = pulse_testkit::connect(pulse_testkit::shared_redis_url()).await;
+        let entry: String = redis::cmd("XADD")
+            .arg(&key)
+            .arg("*")
+            .arg(&["n", "emit", "b"])
+            .arg(batch)
+            .arg(&["k", "2"])
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let mut sink = stream.sink("g", SinkOptions::default().start(Start::Oldest)).await.unwrap();
+        let first = sink.recv().await.unwrap();
+        let second = sink.recv().await.unwrap();
+        assert_eq!((first.payload.as_slice(), second.payload.as_slice()), (&b"b0"[..], &b"b1"[..]));
+        sink.ack(&first.id).await.unwrap();
+
+        sink.shared.forget_claimed(&mut conn).await.unwrap();
+        assert_eq!(sink.shared.tracked().get(&entry), Some(&vec![second.id.clone()]), "pending here");
+
+        // What another consumer does past the grace period: claims the
+        // entry, and acknowledges it once it handled both events.
+        let _: redis::Value = redis::cmd("XCLAIM")
+            .arg(&key)
+            .arg("g")
+            .arg("other")
+            .arg(0)
+            .arg(&entry)
+            .arg("JUSTID")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let _: u64 = redis::cmd("XACK").arg(&key).arg("g").arg(&entry).query_async(&mut conn).await.unwrap();
+        sink.shared.forget_claimed(&mut conn).await.unwrap();
+        assert!(sink.shared.tracked().is_empty(), "{:?}", sink.shared.tracked());
+
+        sink.close().await;
+        stream.destroy().await.unwrap();
     }
 }
