@@ -245,23 +245,20 @@ local function first_past(target, lo, hi)
   end
   return nil
 end
--- What was written before the oldest entry, that is trimmed already (0
--- before an earlier version's entry: the counters began with those).
-local function oldest()
-  local batch = redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', 1)
-  if not batch[1] then return nil end
-  local c, e, size, k = counted(batch[1])
-  return c and c - size or 0, e and e - k or 0, batch
-end
-local bytes_trimmed, events_trimmed, batch = oldest()
-if not batch then return flags end
+-- The oldest entry, and what was written before it, that is trimmed
+-- already (0 before an earlier version's entry: the counters began with
+-- those).
+local batch = redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', 1)
+if not batch[1] then return flags end
+local c_oldest, e_oldest, size_oldest, k_oldest = counted(batch[1])
+local bytes_trimmed = c_oldest and c_oldest - size_oldest or 0
+local events_trimmed = e_oldest and e_oldest - k_oldest or 0
 local keep_bytes = max_bytes - 2 * step
 if total - bytes_trimmed <= max_bytes - step then
   -- Within the byte bound until the next check: by count, the first
   -- entry past the events to drop is found by its time, and everything
   -- before it goes.
   local target = count - max_events
-  local e_oldest = select(2, counted(batch[1]))
   -- The oldest entry holds events to keep: nothing goes.
   if e_oldest and e_oldest > target then return flags end
   local keep = e_oldest and first_past(target, {id = batch[1][1], e = e_oldest}, {id = newest, e = count})
