@@ -18,8 +18,9 @@ use tokio_util::sync::CancellationToken;
 /// - `max_attempts`: 3 starts of a job whose handler answers `retryable`,
 ///   `retry_backoff` 100 ms before the second, doubled each time;
 /// - `events_retention`: the pool's events stream keeps 10,000 events
-///   (once that many were written; 127 more at most), and `events_max_bytes` 64 MiB of events (keys and
-///   payloads) at most (older entries are trimmed, whole);
+///   (once that many were written; 127 more at most), and
+///   `events_max_bytes` 64 MiB of events (keys and payloads) at most
+///   (older entries are trimmed, whole);
 /// - `shutdown_timeout`: 30 s for the `stop` calls of a worker that hands
 ///   jobs back (it leaves, or the slot table changed) or shuts down (16 at
 ///   a time); jobs whose stop has not returned by then are handed on
