@@ -83,13 +83,29 @@ impl Stream {
     /// Cancel safe: it only connects.
     pub async fn open(client: &pulse_redis::Redis, name: &str, options: StreamOptions) -> Result<Self> {
         validate_name("stream name", name)?;
-        let tag = options.hash_tag.clone().unwrap_or_else(|| name.to_owned());
-        validate_name("hash tag", &tag)?;
         let conn = client.shared().await.map_err(|source| Error::Redis {
             op: "connect",
             stream: name.to_owned(),
             source,
         })?;
+        Self::open_on(client, conn, name, options)
+    }
+
+    /// [`Stream::open`] on `conn`, a shared connection of `client`'s: a
+    /// process with many streams need not connect once for each (on a
+    /// cluster, a connection is one per master).
+    ///
+    /// # Errors
+    /// [`Error::InvalidName`].
+    pub fn open_on(
+        client: &pulse_redis::Redis,
+        conn: pulse_redis::Shared,
+        name: &str,
+        options: StreamOptions,
+    ) -> Result<Self> {
+        validate_name("stream name", name)?;
+        let tag = options.hash_tag.clone().unwrap_or_else(|| name.to_owned());
+        validate_name("hash tag", &tag)?;
         let keys = StreamKeys::new(&tag, name);
         Ok(Self {
             inner: Arc::new(StreamInner {
