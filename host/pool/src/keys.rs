@@ -140,6 +140,25 @@ impl PoolKeys {
     pub(crate) fn replies(&self, node: &str) -> String {
         pulse_streams::stream_key(&self.tag, &Self::replies_name(node))
     }
+
+    /// The name of the stream where `worker` answers `node`'s dispatches
+    /// (on a pool read by doorbells: see `core::replies`).
+    pub(crate) fn worker_replies_name(node: &str, worker: &str) -> String {
+        format!("replies.{node}.{worker}")
+    }
+
+    /// Whether `stream` is where `worker` answers some node's dispatches
+    /// ([`Self::worker_replies_name`]): the worker picks the ids of what
+    /// it adds there. Node ids are ULIDs and worker ids `w<n>`, neither
+    /// with a dot.
+    pub(crate) fn answered_by(&self, stream: &str, worker: &str) -> bool {
+        let prefix = pulse_streams::stream_key(&self.tag, "replies.");
+        stream
+            .strip_prefix(&prefix)
+            .and_then(|rest| rest.strip_suffix(worker))
+            .and_then(|rest| rest.strip_suffix('.'))
+            .is_some_and(|node| !node.is_empty() && !node.contains('.'))
+    }
 }
 
 /// Slot groups a pool may have at most. Each group is a full set of
@@ -225,5 +244,19 @@ mod tests {
         let keys = PoolKeys::group("p", 3, 16);
         assert!(keys.jobs.starts_with("pulse:{p:g3:"), "{}", keys.jobs);
         assert_eq!(keys.record("k"), format!("{}job:k", keys.prefix));
+    }
+
+    #[test]
+    fn a_worker_knows_the_streams_where_it_answers_dispatches() {
+        let keys = PoolKeys::group("p", 3, 16);
+        let node = "01JF4Q8Z6V3N5K2M7X9A1B2C3D";
+        let stream = pulse_streams::stream_key(&keys.tag, &PoolKeys::worker_replies_name(node, "w12"));
+        assert!(keys.answered_by(&stream, "w12"));
+        assert!(!keys.answered_by(&stream, "w2"), "another worker's, by the end of its id");
+        assert!(!keys.answered_by(&keys.replies(node), "w12"), "the node's own reply stream");
+        assert!(!PoolKeys::group("p", 4, 16).answered_by(&stream, "w12"), "another group's");
+        let dotted = pulse_streams::stream_key(&keys.tag, "replies.a.b.w12");
+        assert!(!keys.answered_by(&dotted, "w12"));
+        assert!(!keys.answered_by(&pulse_streams::stream_key(&keys.tag, "replies..w12"), "w12"));
     }
 }

@@ -45,6 +45,7 @@ use redis::{Cmd, RedisResult, Value};
 use tokio::sync::Notify;
 
 use super::Core;
+use super::answered::Answered;
 use crate::{scripts, wire};
 
 /// Payload bytes a worker's queue holds, at most, before a write is sent
@@ -92,7 +93,7 @@ pub(crate) struct Write {
 }
 
 /// An answer to a request, waiting to be sent.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Outgoing {
     pub(crate) stream: String,
     pub(crate) outcome: super::Outcome,
@@ -102,7 +103,7 @@ pub(crate) struct Outgoing {
 
 /// An entry for a reply stream: one answer, or the answers of a batch.
 #[derive(Debug)]
-struct Reply {
+pub(super) struct Reply {
     pub(crate) stream: String,
     /// The entry's name: an outcome, or the batch of answers.
     pub(crate) name: &'static str,
@@ -197,8 +198,10 @@ pub(crate) struct EmitQueue {
     worker: String,
     pending: Mutex<Pending>,
     /// Held from taking a batch until its pipeline is answered: batches
-    /// reach Redis in the order they were taken.
-    sending: tokio::sync::Mutex<()>,
+    /// reach Redis in the order they were taken. It holds the id of the
+    /// last entry the worker added to each stream where it answers
+    /// dispatches (see [`Answered`]).
+    sending: tokio::sync::Mutex<Answered>,
     /// Told of each write ready to send: the worker writes those no answer
     /// will carry (made from a timer) without waiting.
     queued: Notify,
@@ -341,13 +344,13 @@ impl EmitQueue {
     /// Not cancel safe: a batch taken is written, or put back, only if the
     /// future runs to its end.
     pub(crate) async fn send(&self, core: &Core, then: &[Cmd]) -> RedisResult<Vec<RedisResult<Value>>> {
-        let _turn = self.sending.lock().await;
+        let mut answered = self.sending.lock().await;
         let batch = {
             let mut pending = self.lock();
             pending.in_flight += 1;
             pending.take()
         };
-        let result = self.write(core, &batch, then).await;
+        let result = self.write(core, &batch, then, &mut answered).await;
         let mut pending = self.lock();
         pending.in_flight -= 1;
         if result.is_err() {
@@ -386,21 +389,48 @@ impl EmitQueue {
         }
     }
 
-    async fn write(&self, core: &Core, batch: &Batch, then: &[Cmd]) -> RedisResult<Vec<RedisResult<Value>>> {
+    async fn write(
+        &self,
+        core: &Core,
+        batch: &Batch,
+        then: &[Cmd],
+        last: &mut Answered,
+    ) -> RedisResult<Vec<RedisResult<Value>>> {
         if batch.is_empty() && then.is_empty() {
             return Ok(Vec::new());
         }
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
         let replies = replies(&batch.answers);
-        // With doorbells, answers ring with their entries, whose ids only
-        // the script knows.
-        let script = !batch.writes.is_empty() || (core.doorbells && !batch.is_empty());
+        // With doorbells, answers ring with their entries and the id
+        // before them, which only a script knows; but on the streams where
+        // this worker answers dispatches, it picks the ids itself.
+        let plain =
+            !core.doorbells || replies.iter().all(|reply| core.keys.answered_by(&reply.stream, &self.worker));
+        let script = !batch.writes.is_empty() || (!plain && !batch.is_empty());
+        // The streams of the answers added with their ids, in the order
+        // of their `XADD`s, which open the pipeline.
+        let mut added = Vec::new();
         if script {
             pipe.add_command(write_cmd(core, &self.worker, batch, &replies));
+            // The script picks the ids: the worker's last ones are not the
+            // streams' last any more.
+            last.forget(&replies);
         } else {
-            for reply in &replies {
-                pipe.add_command(reply_cmd(reply));
+            if core.doorbells {
+                last.learn(core, &replies).await?;
+                let (adds, rings) = last.ring(&replies);
+                for (stream, cmd) in adds {
+                    added.push(stream);
+                    pipe.add_command(cmd);
+                }
+                for cmd in rings {
+                    pipe.add_command(cmd);
+                }
+            } else {
+                for reply in &replies {
+                    pipe.add_command(reply_cmd(reply, "*"));
+                }
             }
             if !batch.deletes.is_empty() {
                 // XDEL, not XTRIM MINID: entries are processed out of order
@@ -431,7 +461,20 @@ impl EmitQueue {
                 None => unreachable!("one script sent, one answer"),
             };
             written(core, &batch.writes, reply);
-        } else if let Some(Err(error)) = answered.into_iter().find(Result::is_err) {
+            return Ok(rest);
+        }
+        let again = last.settle(&added, &answered);
+        if !again.is_empty() {
+            // Not added (another writer took the id, or the slot was
+            // moving): the stream's answers go again, after its last id is
+            // read.
+            let mut pending = self.lock();
+            pending.answers.extend(batch.answers.iter().filter(|out| again.contains(&out.stream)).cloned());
+            drop(pending);
+            self.queued.notify_one();
+        }
+        // Past the answers added with their ids, settled above.
+        if let Some(Err(error)) = answered.into_iter().skip(added.len()).find(Result::is_err) {
             tracing::warn!(error = %error, "failed to answer or to delete the entry from the inbox");
         }
         Ok(rest)
@@ -568,8 +611,9 @@ fn replies(answers: &[Outgoing]) -> Vec<Reply> {
     replies
 }
 
-/// An entry for `reply` on its reply stream.
-fn reply_cmd(reply: &Reply) -> Cmd {
+/// An entry for `reply` on its reply stream, with id `id` (`*`: Redis
+/// picks it).
+pub(super) fn reply_cmd(reply: &Reply, id: &str) -> Cmd {
     // NOMKSTREAM: the answer to a node that is gone creates nothing.
     let mut cmd = redis::cmd("XADD");
     cmd.arg(&reply.stream)
@@ -577,7 +621,7 @@ fn reply_cmd(reply: &Reply) -> Cmd {
         .arg("MAXLEN")
         .arg("~")
         .arg(REPLIES_KEPT)
-        .arg("*")
+        .arg(id)
         .arg("n")
         .arg(reply.name)
         .arg("p")

@@ -284,17 +284,11 @@ impl Core {
         self.lease.adopt_epoch(epoch, slot_count);
         // Answers are written only to a reply stream that exists.
         let mut conn = self.conn.clone();
-        let recreated: redis::RedisResult<()> = redis::pipe()
-            .cmd("XADD")
-            .arg(&self.replies)
-            .arg("*")
-            .arg("n")
-            .arg("hello")
-            .arg("p")
-            .arg("")
-            .ignore()
-            .query_async(&mut conn)
-            .await;
+        let mut pipe = redis::pipe();
+        for stream in std::iter::once(self.replies.clone()).chain(self.worker_replies.keys()) {
+            pipe.cmd("XADD").arg(stream).arg("*").arg("n").arg("hello").arg("p").arg("").ignore();
+        }
+        let recreated: redis::RedisResult<()> = pipe.query_async(&mut conn).await;
         if let Err(error) = recreated {
             tracing::warn!(error = %error, "failed to recreate the reply stream");
         }

@@ -5,14 +5,16 @@
 //!
 //! # Layout
 //! - this file: [`Core`].
+//! - `answered`: where a worker answers dispatches with plain commands.
 //! - `answers`: the scripts' and the workers' answers, typed.
 //! - `emits`: a worker's writes in its jobs' names (events, states,
 //!   completions), each call's written in one step with its answer.
 //! - `fence`: [`Lease`] and [`WorkerFence`]: when handler calls may run.
 //! - `membership`: join, release, renew, evict, the pool epoch.
 //! - `routing`: keys to workers over the slot table; assigning queued jobs.
-//! - `replies`: a node's reply stream and the waiters registered on it.
+//! - `replies`: a node's reply streams and the waiters registered on them.
 
+mod answered;
 mod answers;
 mod emits;
 mod fence;
@@ -36,7 +38,7 @@ pub use emits::CallScope;
 pub(crate) use emits::{EmitQueue, Outgoing, What, Write};
 pub(crate) use fence::{Lease, WorkerFence, tick};
 pub(crate) use membership::{parse_entry, pool_epoch, pool_layout};
-pub(crate) use replies::{Answer, Waiter, Waiters, start as start_replies};
+pub(crate) use replies::{Answer, Waiter, Waiters, WorkerReplies, start as start_replies};
 
 /// What a node's parts share.
 pub(crate) struct Core {
@@ -45,6 +47,9 @@ pub(crate) struct Core {
     pub(crate) keys: PoolKeys,
     /// This node's reply stream key, where workers answer its requests.
     pub(crate) replies: String,
+    /// Where each worker answers this node's dispatches, on a pool read
+    /// by doorbells (see [`Core::dispatch_replies`]).
+    pub(crate) worker_replies: WorkerReplies,
     pub(crate) conn: pulse_redis::Shared,
     pub(crate) options: NodeOptions,
     pub(crate) slots: Map,
@@ -86,6 +91,7 @@ impl Core {
         Self {
             doorbells,
             replies: keys.replies(&id),
+            worker_replies: WorkerReplies::default(),
             metrics: crate::metrics::PoolMetrics::new(&keys.pool),
             id,
             client,

@@ -1,5 +1,7 @@
-//! The node's reply stream, where workers answer dispatches, stops and
-//! notifications, and the waiters that match answers to callers.
+//! The node's reply streams, where workers answer dispatches, stops and
+//! notifications (on a pool read by doorbells, each worker answers
+//! dispatches on a stream of its own: [`WorkerReplies`]), and the waiters
+//! that match answers to callers.
 //!
 //! A caller registers its waiter *before* it sends anything, so an answer
 //! can never arrive before someone waits for it (Go Pulse registered after
@@ -11,7 +13,6 @@ use std::time::Duration;
 
 use pulse_streams::{ReaderEvent, ReaderOptions, Start, Stream, StreamOptions};
 use tokio::sync::oneshot;
-use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::{Core, Outcome};
@@ -106,32 +107,119 @@ impl Drop for Waiter<'_> {
     }
 }
 
+/// The streams where workers answer this node's dispatches, by worker.
+///
+/// On a pool read by doorbells each worker answers a node's dispatches on
+/// a stream of its own ([`PoolKeys::worker_replies_name`]): adding there
+/// little else does, it picks the ids itself, so it knows the id before
+/// each answer, which the ring must carry, and answers with plain commands
+/// instead of a script (see `emits`). Stops, notifications and the
+/// answers other workers give for a start that moved still come on the
+/// node's stream, or on this one, through the script that rings.
+#[derive(Debug, Default)]
+pub(crate) struct WorkerReplies {
+    streams: Mutex<HashMap<String, String>>,
+    /// Held while a stream is created: one reader each.
+    opening: tokio::sync::Mutex<()>,
+}
+
+impl WorkerReplies {
+    fn get(&self, worker: &str) -> Option<String> {
+        self.lock().get(worker).cloned()
+    }
+
+    /// Every stream, to remove or to add to.
+    pub(crate) fn keys(&self) -> Vec<String> {
+        self.lock().values().cloned().collect()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, String>> {
+        // Held for one lookup or update, never across an await.
+        self.streams.lock().unwrap_or_else(|poison| poison.into_inner())
+    }
+}
+
+impl Core {
+    /// Where `worker` answers a dispatch of this node: the node's reply
+    /// stream, or on a pool read by doorbells the stream of the worker's
+    /// answers to this node, created and read from its first dispatch
+    /// (when it cannot be, the node's stream: the worker answers there
+    /// through the script).
+    pub(crate) async fn dispatch_replies(self: &Arc<Self>, worker: &str) -> String {
+        if !self.doorbells || worker.is_empty() {
+            return self.replies.clone();
+        }
+        if let Some(stream) = self.worker_replies.get(worker) {
+            return stream;
+        }
+        let _opening = self.worker_replies.opening.lock().await;
+        if let Some(stream) = self.worker_replies.get(worker) {
+            return stream;
+        }
+        // Boxed as a `dyn` future: it runs once per worker, and the
+        // dispatch futures that await this one stay shallow enough for
+        // the compiler's layout and `Send` queries.
+        let name = PoolKeys::worker_replies_name(&self.id, worker);
+        let opening: futures_util::future::BoxFuture<'_, Result<String>> =
+            Box::pin(open(self, &name, Some(worker)));
+        match opening.await {
+            Ok(stream) => {
+                self.worker_replies.lock().insert(worker.to_owned(), stream.clone());
+                stream
+            }
+            Err(error) => {
+                tracing::warn!(worker, error = %error, "failed to open a worker's reply stream; using the node's");
+                self.replies.clone()
+            }
+        }
+    }
+}
+
 /// Creates the node's reply stream and starts the task that reads it.
-pub(crate) async fn start(core: &Arc<Core>, token: &CancellationToken) -> Result<()> {
+pub(crate) async fn start(core: &Arc<Core>) -> Result<()> {
+    open(core, &PoolKeys::replies_name(&core.id), None).await.map(drop)
+}
+
+/// Creates reply stream `name` and starts the task that reads it until the
+/// node closes, or for the stream of `worker`'s answers, until the worker
+/// left the pool; returns the stream's key.
+async fn open(core: &Arc<Core>, name: &str, worker: Option<&str>) -> Result<String> {
     let options =
         StreamOptions::default().hash_tag(&core.keys.tag).ttl(pulse_streams::Ttl::Sliding(REPLY_STREAM_TTL));
-    let stream = Stream::open(&core.client, &PoolKeys::replies_name(&core.id), options).await?;
+    let stream = Stream::open_on(&core.client, core.conn.clone(), name, options)?;
     // Workers answer with NOMKSTREAM, so answers to a node that is gone
     // create nothing: the stream must exist first.
     let hello = stream.add("hello", b"", None).await?;
     let options = ReaderOptions::default().start(Start::After(hello)).queue(65_536).doorbell(core.doorbells);
     let reader = stream.reader(options).await?;
+    let key = pulse_streams::stream_key(&core.keys.tag, name);
     let mut subscription = reader.subscribe();
     let core = core.clone();
-    let token = token.clone();
-    let span = tracing::info_span!("pool.replies", node = %core.id);
+    let token = core.token.clone();
+    let worker = worker.map(str::to_owned);
+    let span = tracing::info_span!("pool.replies", node = %core.id, worker = worker.as_deref().unwrap_or(""));
+    let stream_key = key.clone();
     core.tasks.clone().spawn(
         async move {
             let mut refresh = tokio::time::interval(REPLY_STREAM_TTL / 4);
+            refresh.tick().await;
             loop {
                 tokio::select! {
                     biased;
                     () = token.cancelled() => break,
                     _ = refresh.tick() => {
                         let mut conn = core.conn.clone();
+                        if let Some(worker) = &worker && core.workers.get(worker).is_none() {
+                            // The worker left long ago: nobody answers here
+                            // any more.
+                            core.worker_replies.lock().remove(worker);
+                            let _: redis::RedisResult<()> =
+                                redis::cmd("DEL").arg(&stream_key).exec_async(&mut conn).await;
+                            break;
+                        }
                         let ttl = u64::try_from(REPLY_STREAM_TTL.as_millis()).unwrap_or(u64::MAX);
                         let _: redis::RedisResult<()> = redis::cmd("PEXPIRE")
-                            .arg(&core.replies).arg(ttl).exec_async(&mut conn).await;
+                            .arg(&stream_key).arg(ttl).exec_async(&mut conn).await;
                     }
                     event = subscription.recv() => match event {
                         Some(ReaderEvent::Event(event)) => {
@@ -152,5 +240,5 @@ pub(crate) async fn start(core: &Arc<Core>, token: &CancellationToken) -> Result
         }
         .instrument(span),
     );
-    Ok(())
+    Ok(key)
 }

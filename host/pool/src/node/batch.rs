@@ -188,6 +188,10 @@ impl Node {
             groups.iter().map(|_| None).collect();
         let mut held = vec![true; groups.len()];
         let mut todo: Vec<usize> = (0..groups.len()).collect();
+        let mut replies = Vec::with_capacity(groups.len());
+        for group in groups {
+            replies.push(core.dispatch_replies(&group.worker).await);
+        }
         for attempt in 0..2 {
             let mut pipe = redis::pipe();
             pipe.ignore_errors();
@@ -199,7 +203,7 @@ impl Node {
                         (jobs[p.index].0.as_str(), jobs[p.index].1.as_slice(), p.waiter.request.as_str())
                     })
                     .collect();
-                pipe.add_command(self.dispatch_cmd(*rev, worker, trace, &group));
+                pipe.add_command(self.dispatch_cmd(*rev, worker, &replies[g], trace, &group));
             }
             let sent = match &self.confirm {
                 None => pipe.query_async(&mut conn).await.map(|replies| Sent { replies, held: true }),

@@ -71,7 +71,9 @@ impl Node {
         for _ in 0..MAX_ROUTING_RETRIES {
             let mut conn = core.conn.clone();
             let (rev, worker) = core.route(key);
-            let cmd = self.dispatch_cmd(rev, &worker, trace, &[(key, payload, waiter.request.as_str())]);
+            let reply = core.dispatch_replies(&worker).await;
+            let cmd =
+                self.dispatch_cmd(rev, &worker, &reply, trace, &[(key, payload, waiter.request.as_str())]);
             let (answer, held) = match &self.confirm {
                 None => (scripts::query(&scripts::DISPATCH, &cmd, &mut conn).await, true),
                 Some(confirm) => confirmed(confirm, &cmd, &mut conn).await,
@@ -95,12 +97,13 @@ impl Node {
     }
 
     /// `dispatch.lua` for `jobs` (key, payload, request id), all routed to
-    /// `worker` with slot table revision `rev`, their starts carrying
-    /// `trace`.
+    /// `worker` with slot table revision `rev`, answered on `reply`, their
+    /// starts carrying `trace`.
     pub(super) fn dispatch_cmd(
         &self,
         rev: u64,
         worker: &str,
+        reply: &str,
         trace: &str,
         jobs: &[(&str, &[u8], &str)],
     ) -> redis::Cmd {
@@ -109,7 +112,7 @@ impl Node {
         let mut cmd = scripts::evalsha(&scripts::DISPATCH, &keys);
         cmd.arg(rev.to_string())
             .arg(worker)
-            .arg(&core.replies)
+            .arg(reply)
             .arg(core.options.max_jobs)
             .arg(jobs.len())
             .arg(trace)

@@ -188,7 +188,7 @@ impl Node {
         let core =
             Arc::new(Core::new(id.to_owned(), client.clone(), keys, conn, options, (slots, workers), lease));
         let token = core.token.clone();
-        core::start_replies(&core, &token).await?;
+        core::start_replies(&core).await?;
         let tasks = &core.tasks;
         let local_workers: LocalWorkers = Arc::default();
         let (stopped_tx, stopped) = tokio::sync::watch::channel(false);
@@ -329,7 +329,7 @@ impl Node {
         self.core.tasks.wait().await;
         let mut conn = self.core.conn.clone();
         let mut del = redis::cmd("DEL");
-        del.arg(&self.core.replies);
+        del.arg(&self.core.replies).arg(self.core.worker_replies.keys());
         if self.core.keys.tag == self.core.keys.pool {
             // Its identity: no listing names a node that left.
             del.arg(self.core.keys.node(&self.core.id));

@@ -218,6 +218,102 @@ async fn a_pool_of_slot_groups_spreads_over_the_cluster_s_masters() {
     assert!(blocked.iter().all(|line| line == "blocked_clients:0"), "blocked readers: {blocked:?}");
 }
 
+/// On a cluster with slot groups a worker answers each node's dispatches
+/// on a stream of its own, where it picks the ids, so it answers with
+/// plain commands: a start costs one script, the dispatch. An answer
+/// whose id another writer took (an entry added after the worker's last)
+/// is added again after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_a_worker_answers_dispatches_without_a_script() {
+    pulse_testkit::init_tracing();
+    let mut cluster = RedisCluster::start(3, 0);
+    let ports: Vec<u16> = cluster.nodes().iter().map(RedisServer::port).collect();
+    let redis = pulse_redis::Redis::open(&cluster.url()).unwrap();
+    let pool = pulse_testkit::unique("cluster-answers");
+    let calls = Calls::default();
+    let node = Node::join(&redis, &pool, NodeOptions { slot_groups: 2, ..options() }).await.unwrap();
+    let worker = node.add_worker(Recording::new(&calls)).await.unwrap();
+    let dispatch = |prefix: &'static str, n: usize| {
+        let node = &node;
+        async move {
+            for i in 0..n {
+                let key = format!("{prefix}-{i}");
+                assert_eq!(node.dispatch(&key, b"").await.unwrap(), DispatchOutcome::Started, "{key}");
+            }
+        }
+    };
+    // Both groups' streams are opened and read.
+    dispatch("first", 10).await;
+
+    let mut masters = Vec::new();
+    for port in &ports {
+        masters.push(pulse_testkit::connect(&format!("redis://127.0.0.1:{port}")).await);
+    }
+    for master in &mut masters {
+        let () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(master).await.unwrap();
+    }
+    dispatch("plain", 50).await;
+    let mut scripts = 0;
+    for master in &mut masters {
+        let info: String = redis::cmd("INFO").arg("commandstats").query_async(master).await.unwrap();
+        scripts += info
+            .lines()
+            .filter(|line| line.starts_with("cmdstat_evalsha:") || line.starts_with("cmdstat_eval:"))
+            .filter_map(|line| line.split("calls=").nth(1)?.split(',').next()?.parse::<u64>().ok())
+            .sum::<u64>();
+    }
+    // 50 dispatches, and what the nodes' upkeep ran meanwhile; a script
+    // per answer would make it 100 or more.
+    assert!((50..=65).contains(&scripts), "{scripts} scripts for 50 starts");
+
+    let mut conn = redis.shared().await.unwrap();
+    let taken = "99999999999999-0";
+    let mut streams = Vec::new();
+    for group in 0..2 {
+        let tag = pulse_pool::group_tag(&pool, group, 2);
+        let stream = format!("pulse:{{{tag}}}:stream:replies.{}.{worker}", node.id());
+        let added: Option<String> = redis::cmd("XADD")
+            .arg(&stream)
+            .arg("NOMKSTREAM")
+            .arg(taken)
+            .arg("n")
+            .arg("hello")
+            .arg("p")
+            .arg("")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if added.is_some() {
+            streams.push(stream);
+        }
+    }
+    assert!(!streams.is_empty(), "no stream where the worker answers");
+    dispatch("after", 20).await;
+    for stream in &streams {
+        let after: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+            .arg(stream)
+            .arg(format!("({taken}"))
+            .arg("+")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(!after.ids.is_empty(), "{stream}: no answer after the entry that took its id");
+    }
+    let keys: Vec<String> = ["first", "plain", "after"]
+        .into_iter()
+        .zip([10, 50, 20])
+        .flat_map(|(prefix, n)| (0..n).map(move |i| format!("{prefix}-{i}")))
+        .collect();
+    assert!(started_once(&calls, &keys), "a job started twice or not at all: {:?}", calls.all());
+    node.close().await;
+    let left: Vec<String> = keys_left(&redis, &pool, 2)
+        .await
+        .into_iter()
+        .filter(|key| key.contains(":stream:replies."))
+        .collect();
+    assert!(left.is_empty(), "reply streams left: {left:?}");
+}
+
 /// A master serving some of a grouped pool's slot groups is killed and
 /// its replica promoted while jobs are dispatched to every group.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
