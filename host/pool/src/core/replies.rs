@@ -152,23 +152,27 @@ impl Core {
         if let Some(stream) = self.worker_replies.get(worker) {
             return stream;
         }
-        let _opening = self.worker_replies.opening.lock().await;
-        if let Some(stream) = self.worker_replies.get(worker) {
-            return stream;
-        }
         // Boxed as a `dyn` future: it runs once per worker, and the
         // dispatch futures that await this one stay shallow enough for
         // the compiler's layout and `Send` queries.
-        let name = PoolKeys::worker_replies_name(&self.id, worker);
-        let opening: futures_util::future::BoxFuture<'_, Result<String>> =
-            Box::pin(open(self, &name, Some(worker)));
-        match opening.await {
-            Ok(stream) => {
-                self.worker_replies.lock().insert(worker.to_owned(), stream.clone());
-                stream
+        let opening: futures_util::future::BoxFuture<'_, Result<String>> = Box::pin(async move {
+            let _opening = self.worker_replies.opening.lock().await;
+            if let Some(stream) = self.worker_replies.get(worker) {
+                return Ok(stream);
             }
-            Err(error) => {
+            let stream = open(self, &PoolKeys::worker_replies_name(&self.id, worker), Some(worker)).await?;
+            self.worker_replies.lock().insert(worker.to_owned(), stream.clone());
+            Ok(stream)
+        });
+        // A dispatch never waits longer for the stream than for its answer.
+        match tokio::time::timeout(self.options.reply_timeout, opening).await {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(error)) => {
                 tracing::warn!(worker, error = %error, "failed to open a worker's reply stream; using the node's");
+                self.replies.clone()
+            }
+            Err(_) => {
+                tracing::warn!(worker, "a worker's reply stream took too long to open; using the node's");
                 self.replies.clone()
             }
         }
