@@ -118,6 +118,10 @@ impl Drop for Waiter<'_> {
 /// node's stream, or on this one, through the script that rings.
 #[derive(Debug, Default)]
 pub(crate) struct WorkerReplies {
+    /// The connection every reply stream of the node's group is read on:
+    /// one beside the node's, so that the reads, a few per stream and
+    /// second, stay off the connection dispatches and flushes take.
+    conn: std::sync::OnceLock<pulse_redis::Shared>,
     streams: Mutex<HashMap<String, String>>,
     /// Held while a stream is created: one reader each.
     opening: tokio::sync::Mutex<()>,
@@ -181,6 +185,8 @@ impl Core {
 
 /// Creates the node's reply stream and starts the task that reads it.
 pub(crate) async fn start(core: &Arc<Core>) -> Result<()> {
+    let conn = core.client.shared().await.map_err(core.redis_error("connect"))?;
+    let _ = core.worker_replies.conn.set(conn);
     open(core, &PoolKeys::replies_name(&core.id), None).await.map(drop)
 }
 
@@ -190,7 +196,8 @@ pub(crate) async fn start(core: &Arc<Core>) -> Result<()> {
 async fn open(core: &Arc<Core>, name: &str, worker: Option<&str>) -> Result<String> {
     let options =
         StreamOptions::default().hash_tag(&core.keys.tag).ttl(pulse_streams::Ttl::Sliding(REPLY_STREAM_TTL));
-    let stream = Stream::open_on(&core.client, core.conn.clone(), name, options)?;
+    let conn = core.worker_replies.conn.get().cloned().unwrap_or_else(|| core.conn.clone());
+    let stream = Stream::open_on(&core.client, conn, name, options)?;
     // Workers answer with NOMKSTREAM, so answers to a node that is gone
     // create nothing: the stream must exist first.
     let hello = stream.add("hello", b"", None).await?;

@@ -89,12 +89,12 @@ pub(crate) async fn spawn<H: JobHandler>(
     crate::scripts::load(&crate::scripts::WRITE, &mut core.conn.clone())
         .await
         .map_err(core.redis_error("load the write script"))?;
-    let inbox_stream = Stream::open_on(
+    let inbox_stream = Stream::open(
         &core.client,
-        core.conn.clone(),
         &PoolKeys::inbox_name(&id),
         StreamOptions::default().hash_tag(&core.keys.tag),
-    )?;
+    )
+    .await?;
     let inbox_options = ReaderOptions::default()
         .start(Start::Oldest)
         .queue(options.inbox_entries)
