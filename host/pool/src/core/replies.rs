@@ -221,8 +221,8 @@ async fn open(core: &Arc<Core>, name: &str, worker: Option<&str>) -> Result<Stri
                     _ = refresh.tick() => {
                         let mut conn = core.conn.clone();
                         if let Some(worker) = &worker && core.workers.get(worker).is_none() {
-                            // The worker left long ago: nobody answers here
-                            // any more.
+                            // The worker left (up to a refresh ago): nobody
+                            // answers here any more.
                             core.worker_replies.lock().remove(worker);
                             let _: redis::RedisResult<()> =
                                 redis::cmd("DEL").arg(&stream_key).exec_async(&mut conn).await;
