@@ -49,6 +49,8 @@ pub(crate) struct PoolKeys {
     pub(crate) tickers: String,
     /// What every key of the pool starts with.
     pub(crate) prefix: String,
+    /// What the key of every reply stream starts with.
+    replies_prefix: String,
 }
 
 /// Name of the stream of what jobs emit.
@@ -91,6 +93,7 @@ impl PoolKeys {
             shutdown: key("shutdown"),
             tickers: key("tickers"),
             prefix: key(""),
+            replies_prefix: pulse_streams::stream_key(&tag, "replies."),
             tag,
         }
     }
@@ -152,9 +155,8 @@ impl PoolKeys {
     /// it adds there. Node ids are ULIDs and worker ids `w<n>`, neither
     /// with a dot.
     pub(crate) fn answered_by(&self, stream: &str, worker: &str) -> bool {
-        let prefix = pulse_streams::stream_key(&self.tag, "replies.");
         stream
-            .strip_prefix(&prefix)
+            .strip_prefix(&self.replies_prefix)
             .and_then(|rest| rest.strip_suffix(worker))
             .and_then(|rest| rest.strip_suffix('.'))
             .is_some_and(|node| !node.is_empty() && !node.contains('.'))

@@ -49,7 +49,10 @@ impl Answered {
         }
         let lasts: Vec<redis::streams::StreamRangeReply> = pipe.query_async(&mut core.conn.clone()).await?;
         for (stream, range) in unknown.into_iter().zip(lasts) {
-            let last = range.ids.first().and_then(|entry| parse_id(&entry.id)).unwrap_or((0, 0));
+            let last = range.ids.first().map_or((0, 0), |entry| {
+                let (ms, seq, _) = pulse_streams::id_order(&entry.id);
+                (ms, seq)
+            });
             self.last.insert(stream.to_owned(), last);
         }
         Ok(())
@@ -127,10 +130,4 @@ impl Answered {
         }
         again
     }
-}
-
-/// `(ms, seq)` of entry id `<ms>-<seq>`.
-fn parse_id(id: &str) -> Option<(u64, u64)> {
-    let (ms, seq) = id.split_once('-')?;
-    Some((ms.parse().ok()?, seq.parse().ok()?))
 }
