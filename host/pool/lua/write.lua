@@ -213,34 +213,45 @@ local function counted(entry)
   end
   return c, e, size, k
 end
+-- An entry id's milliseconds and sequence number.
+local function id_parts(id)
+  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+  return tonumber(ms), tonumber(seq)
+end
 -- The id of the first entry whose events counter is past `target`,
 -- between `lo` (at or before it) and `hi` (past it), both {id, e}; nil
 -- when an earlier version's entry is met or the search takes too long.
 -- Entry ids are times, so the counter's place is guessed between the two
 -- times and one entry read there: a few reads where walking would read
--- every entry before it.
+-- every entry before it. Between two entries of one millisecond the
+-- guess is by sequence number: entries added in one millisecond have
+-- consecutive ones (the stream is trimmed only from its front), and a
+-- busy pool adds dozens a millisecond. A guess that finds no entry
+-- before `hi` reads the one just before `hi` instead.
 local function first_past(target, lo, hi)
-  local step_from_lo = false
   for _ = 1, 16 do
+    local lo_ms, lo_seq = id_parts(lo.id)
+    local hi_ms, hi_seq = id_parts(hi.id)
+    if lo_ms == hi_ms and hi_seq == lo_seq + 1 then return hi.id end
+    local share = (target - lo.e) / (hi.e - lo.e)
     local start
-    if not step_from_lo then
-      local lo_ms, hi_ms = tonumber(string.match(lo.id, '^%d+')), tonumber(string.match(hi.id, '^%d+'))
-      local guess = lo_ms + math.floor((hi_ms - lo_ms) * (target - lo.e) / (hi.e - lo.e))
-      if guess > lo_ms then start = string.format('%d-0', guess) end
+    if lo_ms == hi_ms then
+      start = string.format('%d-%d', lo_ms, math.max(lo_seq + 1, lo_seq + math.floor((hi_seq - lo_seq) * share)))
+    else
+      start = string.format('%d-0', math.max(lo_ms + 1, lo_ms + math.floor((hi_ms - lo_ms) * share)))
     end
-    start = start or '(' .. lo.id
     local entry = redis.call('XRANGE', KEYS[2], start, '+', 'COUNT', 1)[1]
+    local before_hi = entry and entry[1] == hi.id
+    if before_hi then entry = redis.call('XREVRANGE', KEYS[2], '(' .. hi.id, '-', 'COUNT', 1)[1] end
     if not entry then return nil end
     local e = select(2, counted(entry))
     if not e then return nil end
-    if e <= target then
-      lo, step_from_lo = {id = entry[1], e = e}, false
-    elseif string.sub(start, 1, 1) == '(' then
-      return entry[1] -- the entry right after lo
-    elseif entry[1] == hi.id then
-      step_from_lo = true -- nothing found between the guess and hi
-    else
+    if e > target then
       hi = {id = entry[1], e = e}
+    elseif before_hi then
+      return hi.id -- nothing between this entry and `hi`
+    else
+      lo = {id = entry[1], e = e}
     end
   end
   return nil

@@ -191,7 +191,12 @@ type Entry = (String, Vec<(String, Vec<u8>)>);
 
 /// The entries of the pool's events stream, oldest first.
 async fn entries(pool: &str) -> Vec<Entry> {
-    let mut conn = pulse_testkit::connect(pulse_testkit::shared_redis_url()).await;
+    entries_on(pulse_testkit::shared_redis_url(), pool).await
+}
+
+/// [`entries`], of a pool on the server at `url`.
+async fn entries_on(url: &str, pool: &str) -> Vec<Entry> {
+    let mut conn = pulse_testkit::connect(url).await;
     redis::cmd("XRANGE")
         .arg(format!("pulse:{{{pool}}}:stream:events"))
         .arg("-")
@@ -225,7 +230,12 @@ fn events_of(fields: &[(String, Vec<u8>)]) -> usize {
 }
 
 async fn events_held(pool: &str) -> Held {
-    let entries = entries(pool).await;
+    events_held_on(pulse_testkit::shared_redis_url(), pool).await
+}
+
+/// [`events_held`], of a pool on the server at `url`.
+async fn events_held_on(url: &str, pool: &str) -> Held {
+    let entries = entries_on(url, pool).await;
     for pair in entries.windows(2) {
         let (before, after) = (&pair[0].1, &pair[1].1);
         assert_eq!(number(after, "c"), number(before, "c") + payload_bytes(&pair[1..]), "c counts the bytes");
@@ -318,6 +328,67 @@ async fn the_events_stream_keeps_its_retention_when_its_oldest_entries_hold_more
         assert_eq!((held.counted_events, held.counted_bytes), (held.events, held.bytes), "{held:?}");
     }
     finish(&pool, &[&node]).await;
+}
+
+#[tokio::test]
+async fn the_events_stream_finds_where_to_trim_among_entries_of_one_millisecond_without_walking_them() {
+    // A private server: its command counts are this test's alone.
+    let server = pulse_testkit::RedisServer::start();
+    let client = pulse_redis::Redis::open(server.url()).unwrap();
+    // Far from the byte bound: only the count trims.
+    let options =
+        pulse_pool::NodeOptions { events_retention: 100, events_max_bytes: 1 << 20, ..crate::options() };
+    let node = pulse_pool::Node::join(&client, "dense", options).await.unwrap();
+    node.add_worker(Emitter::default()).await.unwrap();
+    node.dispatch("e", b"").await.unwrap();
+    // 1,000 entries of one event each in one millisecond, as a busy pool
+    // adds them, with their counters; a second ahead of the clock, so the
+    // entries the job adds next share that millisecond too.
+    let mut conn = server.connect().await;
+    let now: (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    let ms = now.0 * 1000 + 1000;
+    let mut batch = Vec::new();
+    pulse_rmap::push_netstring(&mut batch, b"e");
+    pulse_rmap::push_netstring(&mut batch, &[b'e'; 100]);
+    let mut pipe = redis::pipe();
+    for seq in 0..1000 {
+        pipe.cmd("XADD")
+            .arg("pulse:{dense}:stream:events")
+            .arg(format!("{ms}-{seq}"))
+            .arg(&["n", "emit", "b"])
+            .arg(&batch)
+            .arg(&["k", "1", "c"])
+            .arg((seq + 1) * batch.len())
+            .arg("e")
+            .arg(seq + 1)
+            .ignore();
+    }
+    pipe.cmd("SET").arg("pulse:{dense}:events-written").arg(1000 * batch.len()).ignore();
+    pipe.cmd("SET").arg("pulse:{dense}:events-count").arg(1000).ignore();
+    pipe.cmd("CONFIG").arg("RESETSTAT").ignore();
+    pipe.exec_async(&mut conn).await.unwrap();
+
+    // 64 single events: the event counter passes a multiple of 64, and
+    // the stream is trimmed to its retention.
+    for _ in 0..64 {
+        assert_eq!(node.notify("e", b"1x100").await.unwrap(), EventOutcome::Done);
+    }
+    let stats: String = redis::cmd("INFO").arg("commandstats").query_async(&mut conn).await.unwrap();
+    let calls = |command: &str| {
+        stats
+            .lines()
+            .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
+            .map_or(0, |rest| rest.split(',').next().unwrap().parse::<u64>().unwrap())
+    };
+    // The entry to keep is found by its sequence number, in a few reads:
+    // the walk through the oldest entries (which begins with XLEN) never
+    // runs.
+    assert_eq!(calls("xlen"), 0, "the trim walked the stream: {stats}");
+    assert!(calls("xtrim") >= 1, "never trimmed: {stats}");
+    let held = events_held_on(server.url(), "dense").await;
+    assert!((100..=227).contains(&held.events), "{held:?} for a retention of 100");
+    assert_eq!((held.counted_events, held.counted_bytes), (held.events, held.bytes), "{held:?}");
+    node.close().await;
 }
 
 #[tokio::test]
