@@ -7,6 +7,8 @@
 //! [`HttpServer::start_tls`] serves HTTPS instead, with a certificate for
 //! `127.0.0.1` and `localhost` made for it and trusted by nothing: its
 //! [`HttpServer::ca_file`] is the PEM file to trust it by.
+//! [`HttpServer::start_h2`] serves HTTPS that speaks HTTP/2 only (see
+//! `h2`).
 //!
 //! Paths (a query is ignored): `/slow/MS` answers after MS milliseconds;
 //! `/drip/MS` sends the head at once and the body (`drip`) after MS
@@ -32,6 +34,8 @@ use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
+
+mod h2;
 
 /// A request the server received.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,6 +79,10 @@ struct State {
     fenced: Vec<FencedWrite>,
     /// Connections accepted.
     connections: usize,
+    /// Requests being answered now, and the most at once so far (counted
+    /// by the HTTP/2 server).
+    in_flight: usize,
+    most_at_once: usize,
 }
 
 /// The server; it stops accepting when dropped (connections in progress
@@ -96,19 +104,7 @@ impl HttpServer {
     /// Starts an HTTPS server on a free loopback port, with a self-signed
     /// certificate for `127.0.0.1` and `localhost` (see [`Self::ca_file`]).
     pub fn start_tls() -> Self {
-        let names = vec!["127.0.0.1".to_owned(), "localhost".to_owned()];
-        let rcgen::CertifiedKey { cert, signing_key } =
-            rcgen::generate_simple_self_signed(names).expect("a self-signed certificate");
-        let mut ca_file = tempfile::NamedTempFile::new().expect("a temporary file");
-        ca_file.write_all(cert.pem().as_bytes()).expect("write the certificate");
-        let key = rustls::pki_types::PrivateKeyDer::Pkcs8(signing_key.serialize_der().into());
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let config = rustls::ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .expect("ring supports the default protocol versions")
-            .with_no_client_auth()
-            .with_single_cert(vec![cert.der().clone()], key)
-            .expect("a server configuration");
+        let (ca_file, config) = self_signed();
         let mut server = Self::serve_on(Some(Arc::new(config)));
         server.ca_file = Some(ca_file);
         server
@@ -192,6 +188,31 @@ impl HttpServer {
     pub fn connections(&self) -> usize {
         lock(&self.state).connections
     }
+
+    /// The most requests an HTTP/2 server ([`Self::start_h2`]) answered at
+    /// once.
+    pub fn most_at_once(&self) -> usize {
+        lock(&self.state).most_at_once
+    }
+}
+
+/// A server TLS configuration with a new self-signed certificate for
+/// `127.0.0.1` and `localhost`, and the PEM file of that certificate.
+fn self_signed() -> (tempfile::NamedTempFile, rustls::ServerConfig) {
+    let names = vec!["127.0.0.1".to_owned(), "localhost".to_owned()];
+    let rcgen::CertifiedKey { cert, signing_key } =
+        rcgen::generate_simple_self_signed(names).expect("a self-signed certificate");
+    let mut ca_file = tempfile::NamedTempFile::new().expect("a temporary file");
+    ca_file.write_all(cert.pem().as_bytes()).expect("write the certificate");
+    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(signing_key.serialize_der().into());
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("ring supports the default protocol versions")
+        .with_no_client_auth()
+        .with_single_cert(vec![cert.der().clone()], key)
+        .expect("a server configuration");
+    (ca_file, config)
 }
 
 fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {

@@ -1,9 +1,19 @@
-//! The idle connections of a plugin's outgoing requests, per destination:
-//! a request takes one that is open and free, or connects afresh; once
-//! its response's body has been read to the end, the connection waits
-//! here for the next request to the same destination (HTTP/1.1
-//! keep-alive). Bounded per destination, and closed once idle for
-//! [`IDLE_TIMEOUT`] (when next looked at, or by the server).
+//! The connections of a plugin's outgoing requests, per destination: a
+//! request takes one that is open and free, or connects afresh.
+//!
+//! - **HTTP/1.1** carries one request at a time: once its response's body
+//!   has been read to the end, the connection waits here for the next
+//!   request to the same destination (keep-alive). Bounded per
+//!   destination.
+//! - **HTTP/2**, where a server offers it (over TLS, by ALPN), carries
+//!   many requests at once: one connection per destination is shared by
+//!   every request to it. Requests that set out before the first
+//!   connection to a destination answered each connect; the first to
+//!   answer is the connection kept, the others close once their requests
+//!   end.
+//!
+//! A connection unused for [`IDLE_TIMEOUT`] is closed (when next looked
+//! at, or by the server).
 //!
 //! Shared by every instance of the plugin: a connection carries no job.
 //! Each request is still fenced as it is sent, with its own job's fence
@@ -13,12 +23,12 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use hyper::client::conn::http1::SendRequest;
+use hyper::client::conn::{http1, http2};
 use tokio::time::Instant;
 
 use super::send::RequestBody;
 
-/// Idle connections kept per destination, at most.
+/// Idle HTTP/1.1 connections kept per destination, at most.
 const MAX_IDLE: usize = 32;
 
 /// How long a connection may wait unused before it is closed.
@@ -32,55 +42,93 @@ pub(crate) struct Destination {
     pub(crate) port: u16,
 }
 
+/// A connection's way to send a request.
+pub(crate) enum Sender {
+    Http1(http1::SendRequest<RequestBody>),
+    Http2(http2::SendRequest<RequestBody>),
+}
+
 struct Idle {
-    sender: SendRequest<RequestBody>,
+    sender: http1::SendRequest<RequestBody>,
     since: Instant,
 }
 
-/// The idle connections of one plugin.
+struct Shared {
+    sender: http2::SendRequest<RequestBody>,
+    /// When a request last took it.
+    used: Instant,
+}
+
+#[derive(Default)]
+struct Kept {
+    idle: HashMap<Destination, Vec<Idle>>,
+    shared: HashMap<Destination, Shared>,
+}
+
+/// The connections of one plugin.
 #[derive(Default)]
 pub(crate) struct Connections {
-    idle: Mutex<HashMap<Destination, Vec<Idle>>>,
+    kept: Mutex<Kept>,
 }
 
 impl std::fmt::Debug for Connections {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let idle: usize = self.lock().values().map(Vec::len).sum();
-        f.debug_struct("Connections").field("idle", &idle).finish()
+        let kept = self.lock();
+        let idle: usize = kept.idle.values().map(Vec::len).sum();
+        f.debug_struct("Connections").field("idle", &idle).field("shared", &kept.shared.len()).finish()
     }
 }
 
 impl Connections {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Destination, Vec<Idle>>> {
-        self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    fn lock(&self) -> std::sync::MutexGuard<'_, Kept> {
+        self.kept.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// An open connection to `to` that is free for a request, if one
-    /// waits; the newest first (the least likely to have been closed).
-    pub(crate) fn take(&self, to: &Destination) -> Option<SendRequest<RequestBody>> {
-        let mut idle = self.lock();
-        let waiting = idle.get_mut(to)?;
+    /// An open connection to `to` that can take a request, if there is
+    /// one: the destination's HTTP/2 connection, or its newest idle
+    /// HTTP/1.1 one (the least likely to have been closed).
+    pub(crate) fn take(&self, to: &Destination) -> Option<Sender> {
+        let mut kept = self.lock();
+        if let Some(shared) = kept.shared.get_mut(to) {
+            if shared.used.elapsed() < IDLE_TIMEOUT && !shared.sender.is_closed() {
+                shared.used = Instant::now();
+                return Some(Sender::Http2(shared.sender.clone()));
+            }
+            kept.shared.remove(to);
+        }
+        let waiting = kept.idle.get_mut(to)?;
         while let Some(Idle { sender, since }) = waiting.pop() {
             if since.elapsed() < IDLE_TIMEOUT && sender.is_ready() && !sender.is_closed() {
-                return Some(sender);
+                return Some(Sender::Http1(sender));
             }
         }
-        idle.remove(to);
+        kept.idle.remove(to);
         None
     }
 
-    /// Keeps `sender` for the next request to `to` once the response it
-    /// sent has been read to its end; a connection the server closes, or
-    /// whose body was not read to its end, is dropped instead.
-    pub(crate) fn keep(self: &std::sync::Arc<Self>, to: Destination, mut sender: SendRequest<RequestBody>) {
+    /// Keeps `sender` for the next requests to `to`: an HTTP/2 connection
+    /// at once; an HTTP/1.1 one once the response it sent has been read
+    /// to its end (one the server closes, or whose body was not read to
+    /// its end, is dropped instead).
+    pub(crate) fn keep(self: &std::sync::Arc<Self>, to: Destination, sender: Sender) {
+        let mut sender = match sender {
+            Sender::Http2(sender) => {
+                let mut kept = self.lock();
+                if kept.shared.get(&to).is_none_or(|shared| shared.sender.is_closed()) {
+                    kept.shared.insert(to, Shared { sender, used: Instant::now() });
+                }
+                return;
+            }
+            Sender::Http1(sender) => sender,
+        };
         let connections = std::sync::Arc::downgrade(self);
         tokio::spawn(async move {
             if sender.ready().await.is_err() {
                 return;
             }
             let Some(connections) = connections.upgrade() else { return };
-            let mut idle = connections.lock();
-            let waiting = idle.entry(to).or_default();
+            let mut kept = connections.lock();
+            let waiting = kept.idle.entry(to).or_default();
             waiting.retain(|idle| idle.since.elapsed() < IDLE_TIMEOUT && !idle.sender.is_closed());
             if waiting.len() < MAX_IDLE {
                 waiting.push(Idle { sender, since: Instant::now() });

@@ -1,6 +1,7 @@
-//! Sending an allowed request: over a kept-alive connection of the plugin
-//! to the same destination, or a new one (HTTP/1.1, through rustls for
-//! `https`), each step within its timeout, and a body within its size.
+//! Sending an allowed request: over a kept connection of the plugin to
+//! the same destination, or a new one (through rustls for `https`, with
+//! HTTP/2 where the server offers it by ALPN, HTTP/1.1 otherwise), each
+//! step within its timeout, and a body within its size.
 //!
 //! The same steps as wasmtime-wasi-http's `default_send_request`, with the
 //! TLS configuration built once per plugin rather than per request, and
@@ -15,6 +16,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::BodyExt as _;
+use hyper_util::rt::TokioExecutor;
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -22,7 +24,7 @@ use tokio::net::TcpStream;
 use wasmtime_wasi_http::io::TokioIo;
 use wasmtime_wasi_http::{Error as HttpError, WasiBody};
 
-use super::pool::{Connections, Destination};
+use super::pool::{Connections, Destination, Sender};
 
 /// The certificate authorities a plugin's HTTPS requests trust: the webpki
 /// roots, and those of its `outbound_ca_file` if it has one.
@@ -52,11 +54,14 @@ fn webpki_roots() -> rustls::RootCertStore {
 
 fn client_config(roots: rustls::RootCertStore) -> Arc<rustls::ClientConfig> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .expect("ring supports the default protocol versions")
         .with_root_certificates(roots)
         .with_no_client_auth();
+    // HTTP/2 where the server offers it: one connection then carries
+    // every request of the plugin to that server at once.
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Arc::new(config)
 }
 
@@ -156,15 +161,15 @@ pub(super) async fn send(
         return Err(too_large());
     }
     let mut request = request.map(|body| LimitedBody { body, left: limit, limit }.boxed_unsync());
-    let uri = request.uri();
+    let uri = request.uri().clone();
     let authority = uri.authority().ok_or(HttpError::HttpRequestUriInvalid)?;
     let https = uri.scheme() == Some(&http::uri::Scheme::HTTPS);
     let host = authority.host().to_owned();
     let port = authority.port_u16().unwrap_or(if https { 443 } else { 80 });
-    // The request line names the path only: scheme and authority are for
-    // a proxy.
-    let path = request.uri().path_and_query().map_or("/", |p| p.as_str()).to_owned();
-    *request.uri_mut() =
+    // An HTTP/1.1 request line names the path only (scheme and authority
+    // are for a proxy); HTTP/2 sends both as pseudo-headers.
+    let path = uri.path_and_query().map_or("/", |p| p.as_str());
+    let origin_form =
         http::Uri::builder().path_and_query(path).build().map_err(|_| HttpError::HttpRequestUriInvalid)?;
     let to = Destination { https, host, port };
     let (mut sender, mut reused) = match connections.take(&to) {
@@ -180,7 +185,11 @@ pub(super) async fn send(
         {
             return Err(HttpError::HttpRequestDenied);
         }
-        let sent = tokio::time::timeout(bounds.first_byte, sender.try_send_request(request))
+        *request.uri_mut() = match sender {
+            Sender::Http1(_) => origin_form.clone(),
+            Sender::Http2(_) => uri.clone(),
+        };
+        let sent = tokio::time::timeout(bounds.first_byte, try_send(&mut sender, request))
             .await
             .map_err(|_| HttpError::ConnectionReadTimeout)?;
         match sent {
@@ -207,14 +216,26 @@ pub(super) async fn send(
     }
 }
 
+/// Sends `request` on `sender`'s connection; hands it back if it was not
+/// written.
+async fn try_send(
+    sender: &mut Sender,
+    request: http::Request<RequestBody>,
+) -> Result<
+    http::Response<hyper::body::Incoming>,
+    hyper::client::conn::TrySendError<http::Request<RequestBody>>,
+> {
+    match sender {
+        Sender::Http1(sender) => sender.try_send_request(request).await,
+        Sender::Http2(sender) => sender.try_send_request(request).await,
+    }
+}
+
 /// A new connection to `to`: name resolution, TCP and TLS within one
-/// `timeout`, then the HTTP/1.1 handshake; the connection is driven on a
-/// task of its own until it closes.
-async fn connect(
-    to: &Destination,
-    tls: &OutboundTls,
-    timeout: Duration,
-) -> Result<hyper::client::conn::http1::SendRequest<RequestBody>, HttpError> {
+/// `timeout`, then the HTTP/2 handshake if TLS agreed on it, the HTTP/1.1
+/// one otherwise; the connection is driven on a task of its own until it
+/// closes.
+async fn connect(to: &Destination, tls: &OutboundTls, timeout: Duration) -> Result<Sender, HttpError> {
     let Destination { https, host, port } = to;
     // An IPv6 address keeps its brackets in the URI, not in the name.
     let bare = host.trim_start_matches('[').trim_end_matches(']').to_owned();
@@ -226,14 +247,17 @@ async fn connect(
         Err(_) => return Err(HttpError::ConnectionTimeout),
     };
     let _ = tcp.set_nodelay(true);
-    let stream: Box<dyn Io> = if *https {
+    let (stream, http2): (Box<dyn Io>, bool) = if *https {
         let name = match bare.parse::<std::net::IpAddr>() {
             Ok(ip) => ServerName::from(ip),
             Err(_) => ServerName::try_from(bare).map_err(|_| HttpError::HttpRequestUriInvalid)?,
         };
         let connector = tokio_rustls::TlsConnector::from(tls.config.clone());
         match tokio::time::timeout_at(deadline, connector.connect(name, tcp)).await {
-            Ok(Ok(stream)) => Box::new(stream),
+            Ok(Ok(stream)) => {
+                let http2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
+                (Box::new(stream), http2)
+            }
             Ok(Err(error)) => {
                 tracing::warn!(%host, port, error = %error, "TLS handshake of an outgoing request failed");
                 return Err(tls_error(&error));
@@ -241,17 +265,31 @@ async fn connect(
             Err(_) => return Err(HttpError::ConnectionTimeout),
         }
     } else {
-        Box::new(tcp)
+        (Box::new(tcp), false)
     };
-    let handshake = hyper::client::conn::http1::Builder::new().handshake(TokioIo::new(stream));
-    let (sender, connection) =
-        tokio::time::timeout_at(deadline, handshake).await.map_err(|_| HttpError::ConnectionTimeout)??;
-    tokio::spawn(async move {
-        if let Err(error) = connection.await {
-            tracing::debug!(error = %error, "an outgoing connection ended with an error");
-        }
-    });
-    Ok(sender)
+    let io = TokioIo::new(stream);
+    if http2 {
+        let handshake = hyper::client::conn::http2::Builder::new(TokioExecutor::new()).handshake(io);
+        let (sender, connection) = tokio::time::timeout_at(deadline, handshake)
+            .await
+            .map_err(|_| HttpError::ConnectionTimeout)??;
+        tokio::spawn(drive(connection));
+        Ok(Sender::Http2(sender))
+    } else {
+        let handshake = hyper::client::conn::http1::Builder::new().handshake(io);
+        let (sender, connection) = tokio::time::timeout_at(deadline, handshake)
+            .await
+            .map_err(|_| HttpError::ConnectionTimeout)??;
+        tokio::spawn(drive(connection));
+        Ok(Sender::Http1(sender))
+    }
+}
+
+/// Drives an outgoing connection until it closes.
+async fn drive(connection: impl Future<Output = hyper::Result<()>>) {
+    if let Err(error) = connection.await {
+        tracing::debug!(error = %error, "an outgoing connection ended with an error");
+    }
 }
 
 /// The wasi-http error of a request that failed while it was sent:

@@ -356,3 +356,36 @@ fn a_ca_file_without_certificates_is_refused_naming_it() {
     let error = OutboundTls::with_ca_file(&missing).unwrap_err().to_string();
     assert!(error.contains("missing.pem") && error.contains("expected PEM certificates"), "{error}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_offers_http2_gets_the_requests_of_many_jobs_at_once_over_one_connection() {
+    // The server speaks HTTP/2 only: a request sent any other way fails.
+    let server = HttpServer::start_h2();
+    server.set("/status", b"multiplexed");
+    let tls = OutboundTls::with_ca_file(server.ca_file().expect("an HTTPS server")).unwrap();
+    let (_runtime, plugin) = fetcher(&server, Outbound { tls, ..Outbound::default() });
+    let (runner, recorder) = runner(&plugin);
+    recorder.set_fence(Fence { pool: "accounts".into(), key: "first".into(), token: 7 });
+    runner.start(job("first", &server.url("/status"))).await.unwrap();
+    assert_eq!(texts(&recorder.emitted("first")), vec!["200 multiplexed".to_owned()]);
+    // Fenced as over HTTP/1.1: the header travels with the request.
+    assert_eq!(header_of(&server, "/status", "pulse-fence"), [Some("accounts/first/7".to_owned())]);
+
+    // 20 jobs whose requests the server holds 300 ms each, started at once:
+    // their requests travel together over the connection the first opened.
+    let runner = std::sync::Arc::new(runner);
+    let mut starts = tokio::task::JoinSet::new();
+    for i in 0..20 {
+        let (runner, url) = (runner.clone(), server.url("/slow/300"));
+        starts.spawn(async move { runner.start(job(&format!("slow-{i}"), &url)).await });
+    }
+    while let Some(started) = starts.join_next().await {
+        started.unwrap().unwrap();
+    }
+    for i in 0..20 {
+        assert_eq!(texts(&recorder.emitted(&format!("slow-{i}"))), vec!["200 slow".to_owned()]);
+    }
+    assert_eq!(server.count("/slow/300"), 20);
+    assert!(server.most_at_once() > 1, "the requests never overlapped: {} at once", server.most_at_once());
+    assert_eq!(server.connections(), 1, "{} connections for 21 requests", server.connections());
+}
