@@ -8,6 +8,11 @@
 //! against the 1,000/s the jobs ask for; the hosts' own latency histogram
 //! (`pulse_plugin_http_request_seconds`, from their `/metrics`): mean and
 //! the bucket that holds the 99th percentile; each host's resident memory.
+//!
+//! `fetch http1` (the default) polls a plain HTTP/1.1 server, `fetch
+//! http2` an HTTPS server speaking HTTP/2 (the hosts trust its
+//! certificate by `outbound_ca_file`): each host then carries its
+//! requests over one connection.
 
 use std::process::Stdio;
 use std::sync::Arc;
@@ -30,13 +35,26 @@ const SERVER_MS: u64 = 20;
 const LATENCY: &str = "pulse_plugin_http_request_seconds";
 
 pub fn run(args: &Args) -> BenchResult {
+    let named: Vec<&str> = args.rest[1..].iter().map(String::as_str).collect();
+    let protocols = if named.is_empty() { vec!["http1"] } else { named };
+    for protocol in protocols {
+        let endpoints = match protocol {
+            "http1" => pulse_testkit::HttpServer::start(),
+            "http2" => pulse_testkit::HttpServer::start_h2(),
+            other => return Err(format!("fetch takes `http1` or `http2`, got {other:?}").into()),
+        };
+        line(args, protocol, &endpoints)?;
+    }
+    Ok(())
+}
+
+fn line(args: &Args, protocol: &str, endpoints: &pulse_testkit::HttpServer) -> BenchResult {
     let jobs = args.jobs.unwrap_or(if args.quick { 100 } else { 1_000 });
     let (warm_up, measured) = if args.quick {
         (Duration::from_secs(2), Duration::from_secs(3))
     } else {
         (Duration::from_secs(5), Duration::from_secs(10))
     };
-    let endpoints = pulse_testkit::HttpServer::start();
     let redis = pulse_testkit::RedisServer::start();
     let dir = tempfile::tempdir()?;
     let plugin = crate::runtime::plugin_path("fetcher")?;
@@ -46,10 +64,14 @@ pub fn run(args: &Args) -> BenchResult {
         let config = format!(
             "[http]\nlisten = \"{api}\"\n\n[runtime]\nmax_instances = {instances}\n\n\
              [[plugin]]\nname = \"fetcher\"\npath = {path:?}\npool = \"{POOL}\"\nworkers = {WORKERS_PER_HOST}\n\
-             isolation = \"job\"\nallowed_outbound_hosts = [\"http://{server}\"]\n",
+             isolation = \"job\"\nallowed_outbound_hosts = [{server:?}]\n{ca}",
             instances = jobs + 64,
             path = plugin.display().to_string(),
-            server = endpoints.address(),
+            server = endpoints.url(""),
+            ca = endpoints
+                .ca_file()
+                .map(|ca| format!("outbound_ca_file = {:?}\n", ca.display().to_string()))
+                .unwrap_or_default(),
         );
         let path = dir.path().join(format!("host{host}.toml"));
         std::fs::write(&path, config)?;
@@ -97,6 +119,7 @@ pub fn run(args: &Args) -> BenchResult {
             .map(|child| report::mib(report::resident_bytes_of(&child.id().to_string())))
             .collect();
         report::Result::new("fetch")
+            .field("protocol", protocol)
             .field("jobs", jobs)
             .field("hosts", HOSTS)
             .field("workers", HOSTS * WORKERS_PER_HOST)
@@ -108,6 +131,7 @@ pub fn run(args: &Args) -> BenchResult {
             .field("mean_ms", format!("{:.1}", latency.mean_ms()))
             .field("p99_le_ms", latency.quantile_field(0.99))
             .field("rss_mib", rss.join("/"))
+            .field("server_connections", endpoints.connections())
             .field("unconfirmed", unconfirmed)
             .print();
         node.shutdown(Duration::from_secs(120)).await?;

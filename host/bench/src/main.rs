@@ -39,7 +39,8 @@
 //! - `fetch`: two hosts run 1,000 `fetcher` jobs that poll a loopback
 //!   server answering in 20 ms, once a second each: requests per second
 //!   (against 1,000 asked), the hosts' request latency (mean, p99 bucket)
-//!   and resident memory. Options: `--jobs N`.
+//!   and resident memory. `fetch http2`: the server speaks HTTP/2 over
+//!   TLS instead of HTTP/1.1. Options: `--jobs N`.
 //! - `idle`: two hosts serve one pool; after 10 s without traffic, one
 //!   dispatch through the pool's client and one through the HTTP API:
 //!   p50 and max latency per path (5 rounds). Target: max ≤ 50 ms.
@@ -93,7 +94,7 @@ use std::process::ExitCode;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-const USAGE: &str = "usage: pulse-bench SCENARIO [--quick] [--jobs N] [--redis URL] [--confirm-replicas N] [--groups N] [--masters N] [--workers N]\nscenarios: runtime [echo|python-echo|js-echo]..., dispatch [noop|echo-job|echo-worker|echo-http|slow|slow-serial|batch]..., idle, fetch, failover, rebalance, ticker, rollout, listing, density [job|worker]...";
+const USAGE: &str = "usage: pulse-bench SCENARIO [--quick] [--jobs N] [--redis URL] [--confirm-replicas N] [--groups N] [--masters N] [--workers N]\nscenarios: runtime [echo|python-echo|js-echo]..., dispatch [noop|echo-job|echo-worker|echo-http|slow|slow-serial|batch]..., idle, fetch [http1|http2]..., failover, rebalance, ticker, rollout, listing, density [job|worker]...";
 
 /// Parsed command line.
 #[derive(Debug)]
