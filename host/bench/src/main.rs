@@ -43,7 +43,8 @@
 //!   TLS instead of HTTP/1.1. Options: `--jobs N`.
 //! - `idle`: two hosts serve one pool; after 10 s without traffic, one
 //!   dispatch through the pool's client and one through the HTTP API:
-//!   p50 and max latency per path (5 rounds). Target: max ≤ 50 ms.
+//!   p50 and max latency per path (5 rounds); then 8 pipelined requests
+//!   on one connection to the API (20 rounds). Target: max ≤ 50 ms.
 //! - `failover`: two processes with 2 workers each (lease TTL 2 s) run
 //!   1,000 jobs; one is killed with SIGKILL: time until the last of its
 //!   jobs was started again by the survivor's handler (`started_ms`, from
