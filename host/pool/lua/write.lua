@@ -301,7 +301,7 @@ while not done and len > 1 do
 end
 if last then
   -- Everything up to and including `last`: MINID keeps ids from the one after.
-  local ms, seq = string.match(last, '^(%d+)-(%d+)$')
-  redis.call('XTRIM', KEYS[2], 'MINID', ms .. '-' .. tostring(tonumber(seq) + 1))
+  local ms, seq = id_parts(last)
+  redis.call('XTRIM', KEYS[2], 'MINID', string.format('%d-%d', ms, seq + 1))
 end
 return flags
