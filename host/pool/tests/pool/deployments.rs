@@ -255,12 +255,8 @@ async fn on_a_cluster_a_worker_answers_dispatches_without_a_script() {
     dispatch("plain", 50).await;
     let mut scripts = 0;
     for master in &mut masters {
-        let info: String = redis::cmd("INFO").arg("commandstats").query_async(master).await.unwrap();
-        scripts += info
-            .lines()
-            .filter(|line| line.starts_with("cmdstat_evalsha:") || line.starts_with("cmdstat_eval:"))
-            .filter_map(|line| line.split("calls=").nth(1)?.split(',').next()?.parse::<u64>().ok())
-            .sum::<u64>();
+        let calls = crate::command_calls(master).await;
+        scripts += ["evalsha", "eval"].iter().filter_map(|command| calls.get(*command)).sum::<u64>();
     }
     // 50 dispatches, and what the nodes' upkeep ran meanwhile; a script
     // per answer would make it 100 or more.

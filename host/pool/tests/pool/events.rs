@@ -373,18 +373,13 @@ async fn the_events_stream_finds_where_to_trim_among_entries_of_one_millisecond_
     for _ in 0..64 {
         assert_eq!(node.notify("e", b"1x100").await.unwrap(), EventOutcome::Done);
     }
-    let stats: String = redis::cmd("INFO").arg("commandstats").query_async(&mut conn).await.unwrap();
-    let calls = |command: &str| {
-        stats
-            .lines()
-            .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
-            .map_or(0, |rest| rest.split(',').next().unwrap().parse::<u64>().unwrap())
-    };
+    let stats = crate::command_calls(&mut conn).await;
+    let calls = |command: &str| stats.get(command).copied().unwrap_or(0);
     // The entry to keep is found by its sequence number, in a few reads:
     // the walk through the oldest entries (which begins with XLEN) never
     // runs.
-    assert_eq!(calls("xlen"), 0, "the trim walked the stream: {stats}");
-    assert!(calls("xtrim") >= 1, "never trimmed: {stats}");
+    assert_eq!(calls("xlen"), 0, "the trim walked the stream: {stats:?}");
+    assert!(calls("xtrim") >= 1, "never trimmed: {stats:?}");
     let held = events_held_on(server.url(), "dense").await;
     assert!((100..=227).contains(&held.events), "{held:?} for a retention of 100");
     assert_eq!((held.counted_events, held.counted_bytes), (held.events, held.bytes), "{held:?}");

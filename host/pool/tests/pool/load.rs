@@ -41,11 +41,7 @@ async fn ten_thousand_dispatches_are_all_confirmed_without_retries() {
 
 /// Executed Redis commands so far (Lua-internal calls included).
 async fn commands(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
-    let info: String = redis::cmd("INFO").arg("commandstats").query_async(conn).await.unwrap();
-    info.lines()
-        .filter_map(|line| line.split("calls=").nth(1))
-        .filter_map(|rest| rest.split(',').next()?.parse::<u64>().ok())
-        .sum()
+    crate::command_calls(conn).await.values().sum()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -178,6 +178,19 @@ pub async fn wait_for_state(node: &Node, key: &str, state: pulse_pool::JobState)
     }
 }
 
+/// Calls per command so far (`INFO commandstats`: lower-case names,
+/// Lua-internal calls included), since the server started or its counts
+/// were reset.
+pub async fn command_calls(conn: &mut redis::aio::MultiplexedConnection) -> HashMap<String, u64> {
+    let info: String = redis::cmd("INFO").arg("commandstats").query_async(conn).await.unwrap();
+    info.lines()
+        .filter_map(|line| {
+            let (command, rest) = line.strip_prefix("cmdstat_")?.split_once(":calls=")?;
+            Some((command.to_owned(), rest.split(',').next()?.parse().ok()?))
+        })
+        .collect()
+}
+
 /// A client of the binary's shared private Redis.
 pub fn client() -> pulse_redis::Redis {
     pulse_redis::Redis::open(pulse_testkit::shared_redis_url()).unwrap()
