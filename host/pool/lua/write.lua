@@ -1,5 +1,5 @@
 -- write(max_events, max_bytes, worker, replies_kept, items, answers, ring,
---       B, batch1, …, count1, …, kind1, key1, needle1, payload1, …,
+--       B, batch1, …, count1, …, kinds, key1, …, needle1, …, state1, …,
 --       stream_name1, payload1, …, entry1, …) -> flags: one character
 --       per item, '1' when it was written, '0' when its token is not its
 --       job's (or the job is not `worker`'s, running or moving).
@@ -16,15 +16,15 @@
 -- ARGV[3] the worker (the needles hold it too)  ARGV[4] entries a reply
 -- stream keeps (about)  ARGV[5] items  ARGV[6] answers  ARGV[7] '1' to
 -- ring the doorbells of the reply streams answered (see `ring`)
--- ARGV[8] B, then B batches of events (for each event item, in order,
--- the netstrings of its job's key and its payload, cut into entries as
--- the bounds below say), then how many events each batch holds
--- then each item's kind (`e` an event emitted, `s` a state saved, `f` the
--- job finished), job key, `|worker|token|` (the needle of the fence
--- check, made by the host) and payload (for `e`, where its netstrings
--- begin in its batch, from 1: 1 begins the next batch; empty for `f`);
--- then each answer's entry name and payload; then the inbox entries to
--- delete
+-- ARGV[8] B, then B batches of events (the netstrings of each event
+-- item's job key and payload, in order, cut into entries as the bounds
+-- below say), then how many events each batch holds
+-- then the items' kinds, one character each (`e` an event emitted, `s` a
+-- state saved, `f` the job finished; empty when every item is an event),
+-- then each item's job key, then each item's `running|worker|token|`
+-- (the needle of the fence check, made by the host), then the payload of
+-- each state; then each answer's entry name and payload; then the inbox
+-- entries to delete
 --
 -- One step for everything a worker writes of its jobs' calls: the events
 -- a call emitted, the state it saved and its job's completion land with
@@ -71,55 +71,79 @@
 -- events, an XADD per entry and two INCRBY; one in about 64 events, a
 -- few reads of one entry and an XTRIM; then an XADD per answer and
 -- one XDEL.
-local n, answers = tonumber(ARGV[5]), tonumber(ARGV[6])
-local batches = tonumber(ARGV[8])
-local function arg(i, field) return ARGV[4 + 2 * batches + 4 * i + field] end -- field 1..4
-local owners = {}
+local n, answers, batches = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[8])
+-- Item i's key is ARGV[keys_at + i], its needle ARGV[needles_at + i]:
+-- the loops over items index ARGV and call the string functions through
+-- locals, because a Lua function call or a global lookup per item costs
+-- Redis more than the rest of an item's check; the keys are together,
+-- for one `HMGET` without a table made of them.
+local kinds = ARGV[9 + 2 * batches]
+local keys_at = 9 + 2 * batches
+local needles_at = keys_at + n
+local find, byte, sub = string.find, string.byte, string.sub
+local owners
 for first = 1, n, 1000 do
   local last = math.min(n, first + 999)
-  local keys = {}
-  for i = first, last do keys[#keys + 1] = arg(i, 2) end
-  local got = redis.call('HMGET', KEYS[1], unpack(keys))
-  for i = first, last do owners[i] = got[i - first + 1] end
+  local got = redis.call('HMGET', KEYS[1], unpack(ARGV, keys_at + first, keys_at + last))
+  if first == 1 and last == n then
+    owners = got
+  else
+    owners = owners or {}
+    for i = first, last do owners[i] = got[i - first + 1] end
+  end
 end
 -- An owner `state|worker|token|seq` is this worker's under this token
--- when `|worker|token|` (the item's needle, made by the host) follows
--- `running` or `moving` (the only states that start with `r` and `m`): a
--- plain find, no captures, no string made here.
--- The events that passed, and whether one was refused.
-local flags, finished, events, refused = {}, {}, 0, false
+-- when it begins with the item's needle, `running|worker|token|` (made by
+-- the host), or is `moving` with the rest of it: plain finds, no
+-- captures, and a string made only for a job that is not running.
+-- The events that passed, whether one was refused, how many states and
+-- finishes there are, and the keys of jobs finished in this call (they
+-- take no later item).
+local all_events = kinds == ''
+local flags, events, refused, states, finishes, finished = {}, 0, false, 0, 0, nil
 for i = 1, n do
-  local owner, key, kind = owners[i], arg(i, 2), arg(i, 1)
-  local at = owner and not finished[key] and string.find(owner, arg(i, 3), 1, true)
-  local ok = at and ((at == 8 and string.byte(owner, 1) == 114) or (at == 7 and string.byte(owner, 1) == 109))
+  local owner, kind = owners[i], all_events and 101 or byte(kinds, i)
+  local ok = false
+  if owner then
+    local needle = ARGV[needles_at + i]
+    local at = find(owner, needle, 1, true)
+    ok = at == 1 or (not at and byte(owner, 1) == 109 and find(owner, sub(needle, 8), 1, true) == 7)
+    if ok and finished and finished[ARGV[keys_at + i]] then ok = false end
+  end
   flags[i] = ok and '1' or '0'
-  if kind == 'e' then
+  if kind == 101 then -- `e`
     if ok then events = events + 1 else refused = true end
-  elseif ok and kind == 'f' then
-    finished[key] = true
+  elseif kind == 115 then -- `s`
+    states = states + 1
+  else
+    finishes = finishes + 1
+    if ok then
+      finished = finished or {}
+      finished[ARGV[keys_at + i]] = true
+    end
   end
 end
 flags = table.concat(flags)
 
 -- States and finishes, each with its keys, in order.
-local at_key = 8
-for i = 1, n do
-  local kind = arg(i, 1)
-  if kind == 's' then
-    if string.byte(flags, i) == 49 then redis.call('HSET', KEYS[at_key], 'state', arg(i, 4)) end
-    at_key = at_key + 1
-  elseif kind == 'f' then
-    if string.byte(flags, i) == 49 then
-      redis.call('HDEL', KEYS[1], arg(i, 2))
+local at_key, at_state = 8, needles_at + n + 1
+for i = 1, (states + finishes > 0) and n or 0 do
+  local kind, key = byte(kinds, i), ARGV[keys_at + i]
+  if kind == 115 then
+    if byte(flags, i) == 49 then redis.call('HSET', KEYS[at_key], 'state', ARGV[at_state]) end
+    at_key, at_state = at_key + 1, at_state + 1
+  elseif kind == 102 then
+    if byte(flags, i) == 49 then
+      redis.call('HDEL', KEYS[1], key)
       redis.call('DEL', KEYS[at_key], KEYS[at_key + 1])
-      redis.call('SREM', KEYS[6], arg(i, 2))
+      redis.call('SREM', KEYS[6], key)
     end
     at_key = at_key + 2
   end
 end
 
 -- The answers and the inbox entries processed.
-local at_arg = 9 + 2 * batches + 4 * n
+local at_arg = at_state
 for a = 0, answers - 1 do
   local name, payload = ARGV[at_arg + 2 * a], ARGV[at_arg + 2 * a + 1]
   local prev = ARGV[7] == '1' and last_id(KEYS[at_key + a])
@@ -127,9 +151,7 @@ for a = 0, answers - 1 do
   -- A node that is gone has no stream, so nobody to ring.
   if id and prev then ring(KEYS[at_key + a], prev, {rung(id, name, payload)}) end
 end
-local deletes = {}
-for i = at_arg + 2 * answers, #ARGV do deletes[#deletes + 1] = ARGV[i] end
-if #deletes > 0 then redis.call('XDEL', KEYS[5], unpack(deletes)) end
+if #ARGV >= at_arg + 2 * answers then redis.call('XDEL', KEYS[5], unpack(ARGV, at_arg + 2 * answers)) end
 
 if events == 0 then return flags end
 local max_events, max_bytes = tonumber(ARGV[1]), tonumber(ARGV[2])
@@ -141,23 +163,21 @@ local entries, added = nil, 0
 if not refused then
   for j = 1, batches do added = added + #ARGV[8 + j] end
 else
+  -- Each event is two netstrings of its batch (key, payload), the
+  -- batches in the order of the events.
+  local function skip(packed, at)
+    local colon = find(packed, ':', at, true)
+    return colon + tonumber(sub(packed, at, colon - 1)) + 2
+  end
   entries = {}
-  local pieces, size, batch, packed = {}, 0, 0, nil
+  local pieces, size, batch, packed, at = {}, 0, 0, '', 1
   for i = 1, n do
-    if arg(i, 1) == 'e' then
-      local start = tonumber(arg(i, 4))
-      if start == 1 then batch, packed = batch + 1, ARGV[9 + batch] end
-      if string.byte(flags, i) == 49 then
-        -- It ends where the next event of its batch begins.
-        local finish = #packed
-        for later = i + 1, n do
-          if arg(later, 1) == 'e' then
-            local next_start = tonumber(arg(later, 4))
-            if next_start ~= 1 then finish = next_start - 1 end
-            break
-          end
-        end
-        local piece = string.sub(packed, start, finish)
+    if all_events or byte(kinds, i) == 101 then
+      if at > #packed then batch, packed, at = batch + 1, ARGV[8 + batch + 1], 1 end
+      local start = at
+      at = skip(packed, skip(packed, at))
+      if byte(flags, i) == 49 then
+        local piece = sub(packed, start, at - 1)
         if #pieces > 0 and (#pieces == 64 or size + #piece > step) then
           entries[#entries + 1] = {table.concat(pieces), #pieces}
           pieces, size = {}, 0
@@ -244,9 +264,12 @@ local function first_past(target, lo, hi)
     local before_hi = entry and entry[1] == hi.id
     if before_hi then entry = redis.call('XREVRANGE', KEYS[2], '(' .. hi.id, '-', 'COUNT', 1)[1] end
     if not entry then return nil end
-    local e = select(2, counted(entry))
+    local _, e, _, k = counted(entry)
     if not e then return nil end
     if e > target then
+      -- Its events begin at or before the one after `target`: it is
+      -- the first past it, and no entry before it needs a read.
+      if e - k <= target then return entry[1] end
       hi = {id = entry[1], e = e}
     elseif before_hi then
       return hi.id -- nothing between this entry and `hi`

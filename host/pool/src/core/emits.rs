@@ -512,7 +512,7 @@ fn write_cmd(core: &Core, worker: &str, batch: &Batch, replies: &[Reply]) -> Cmd
         }
     }
     names.extend(replies.iter().map(|reply| reply.stream.clone()));
-    let Cut { entries, counts, starts } = cut(batch, core.options.events_max_bytes);
+    let Cut { entries, counts } = cut(batch, core.options.events_max_bytes);
     let mut cmd = scripts::evalsha(&scripts::WRITE, &names);
     cmd.arg(core.options.events_retention)
         .arg(core.options.events_max_bytes)
@@ -524,14 +524,23 @@ fn write_cmd(core: &Core, worker: &str, batch: &Batch, replies: &[Reply]) -> Cmd
         .arg(entries.len())
         .arg(&entries)
         .arg(&counts);
-    let mut starts = starts.iter();
+    // The kinds, left empty when every item is an event (the script then
+    // checks none).
+    if batch.writes.iter().all(|write| matches!(write.what, What::Event(_))) {
+        cmd.arg("");
+    } else {
+        cmd.arg(batch.writes.iter().map(|write| write.what.kind()).collect::<String>());
+    }
     for write in &batch.writes {
-        cmd.arg(write.what.kind()).arg(&write.key).arg(format!("|{worker}|{}|", write.token));
-        match &write.what {
-            What::Event(_) => cmd.arg(starts.next().copied().unwrap_or_default()),
-            What::State(payload) => cmd.arg(payload),
-            What::Finish => cmd.arg(""),
-        };
+        cmd.arg(&write.key);
+    }
+    for write in &batch.writes {
+        cmd.arg(format!("running|{worker}|{}|", write.token));
+    }
+    for write in &batch.writes {
+        if let What::State(payload) = &write.what {
+            cmd.arg(payload);
+        }
     }
     for reply in replies {
         cmd.arg(reply.name).arg(&reply.payload);
@@ -552,9 +561,6 @@ struct Cut {
     entries: Vec<Vec<u8>>,
     /// How many events each entry holds.
     counts: Vec<usize>,
-    /// For each event, where its netstrings begin in its entry (from 1, as
-    /// Lua counts).
-    starts: Vec<usize>,
 }
 
 /// The events of `batch` cut into entries of up to [`EVENTS_PER_ENTRY`]
@@ -575,7 +581,6 @@ fn cut(batch: &Batch, max_bytes: u64) -> Cut {
             cut.counts.push(0);
         }
         let (entry, count) = cut.entries.last_mut().zip(cut.counts.last_mut()).expect("an entry");
-        cut.starts.push(entry.len() + 1);
         pulse_rmap::push_netstring(entry, write.key.as_bytes());
         pulse_rmap::push_netstring(entry, payload);
         *count += 1;
@@ -669,22 +674,21 @@ mod tests {
     fn events_are_cut_into_entries_of_64_and_a_sixteenth_of_the_bound() {
         let state = Write { key: "s".into(), token: "1".into(), what: What::State(b"st".to_vec()) };
         let writes = vec![event("a", 1), state, event("bb", 0)];
-        let Cut { entries: cut, counts, starts } = super::cut(&Batch { writes, ..Batch::default() }, 1 << 20);
+        let Cut { entries: cut, counts } = super::cut(&Batch { writes, ..Batch::default() }, 1 << 20);
         assert_eq!(cut, [b"1:a,1:x,2:bb,0:,".to_vec()]);
-        assert_eq!((counts, starts), (vec![2], vec![1, 9]));
+        assert_eq!(counts, [2]);
 
         // 64 to an entry, then a new one.
         let writes = (0..130).map(|_| event("k", 1)).collect();
-        let Cut { entries: cut, counts, starts } = super::cut(&Batch { writes, ..Batch::default() }, 1 << 20);
+        let Cut { entries: cut, counts } = super::cut(&Batch { writes, ..Batch::default() }, 1 << 20);
         assert_eq!(cut.iter().map(|e| e.len() / 8).collect::<Vec<_>>(), [64, 64, 2]);
         assert_eq!(counts, [64, 64, 2]);
-        assert_eq!((starts[63], starts[64]), (1 + 63 * 8, 1));
 
         // A sixteenth of 1,600 bytes is 100: two events of 40 share an
         // entry, a third goes to the next; one larger event is alone.
         let writes = vec![event("k", 40), event("k", 40), event("k", 40), event("k", 200), event("k", 1)];
-        let Cut { entries: cut, counts, starts } = super::cut(&Batch { writes, ..Batch::default() }, 1600);
+        let Cut { entries: cut, counts } = super::cut(&Batch { writes, ..Batch::default() }, 1600);
         assert_eq!(cut.iter().map(Vec::len).collect::<Vec<_>>(), [96, 48, 209, 8]);
-        assert_eq!((counts, starts), (vec![2, 1, 1, 1], vec![1, 49, 1, 1, 1]));
+        assert_eq!(counts, [2, 1, 1, 1]);
     }
 }
