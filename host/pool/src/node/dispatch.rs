@@ -4,7 +4,7 @@ use redis::Value;
 use tracing::Instrument;
 
 use super::Node;
-use crate::core::{Answer, Dispatched, Outcome, Routed, protocol};
+use crate::core::{Answer, Core, Dispatched, Outcome, Routed, protocol};
 use crate::error::Result;
 use crate::job::{DispatchOutcome, EventOutcome};
 use crate::scripts;
@@ -72,15 +72,25 @@ impl Node {
             let mut conn = core.conn.clone();
             let (rev, worker) = core.route(key);
             let reply = core.dispatch_replies(&worker).await;
-            let cmd =
-                self.dispatch_cmd(rev, &worker, &reply, trace, &[(key, payload, waiter.request.as_str())]);
+            let job = (key, payload, waiter.request.as_str());
             let (answer, held) = match &self.confirm {
-                None => (scripts::query(&scripts::DISPATCH, &cmd, &mut conn).await, true),
-                Some(confirm) => confirmed(confirm, &cmd, &mut conn).await,
+                // Untraced, it may share a script (see `lanes`).
+                None if trace.is_empty() => {
+                    let answer = self.lanes.dispatch(core, (rev, &worker, &reply), job).await;
+                    (answer.map_err(core.redis_error("dispatch"))?, true)
+                }
+                confirm => {
+                    let cmd = self.dispatch_cmd(rev, &worker, &reply, trace, &[job]);
+                    let (answer, held) = match confirm {
+                        None => (scripts::query(&scripts::DISPATCH, &cmd, &mut conn).await, true),
+                        Some(confirm) => confirmed(confirm, &cmd, &mut conn).await,
+                    };
+                    let answer = dispatched(answer.map_err(core.redis_error("dispatch"))?, 1)
+                        .pop()
+                        .expect("one answer per job");
+                    (answer, held)
+                }
             };
-            let answer = dispatched(answer.map_err(core.redis_error("dispatch"))?, 1)
-                .pop()
-                .expect("one answer per job");
             return match answer? {
                 // Started on the primary, which may lose it with a failover.
                 Dispatched::Sent if !held => Ok(DispatchOutcome::Unconfirmed),
@@ -96,9 +106,7 @@ impl Node {
         Err(protocol("dispatch", "membership kept changing"))
     }
 
-    /// `dispatch.lua` for `jobs` (key, payload, request id), all routed to
-    /// `worker` with slot table revision `rev`, answered on `reply`, their
-    /// starts carrying `trace`.
+    /// [`dispatch_cmd`] on this node's group.
     pub(super) fn dispatch_cmd(
         &self,
         rev: u64,
@@ -107,20 +115,7 @@ impl Node {
         trace: &str,
         jobs: &[(&str, &[u8], &str)],
     ) -> redis::Cmd {
-        let core = &self.core;
-        let keys = core.dispatch_keys(worker, jobs.iter().map(|(key, ..)| *key));
-        let mut cmd = scripts::evalsha(&scripts::DISPATCH, &keys);
-        cmd.arg(rev.to_string())
-            .arg(worker)
-            .arg(reply)
-            .arg(core.options.max_jobs)
-            .arg(jobs.len())
-            .arg(trace)
-            .arg(core.ring());
-        for (key, payload, request) in jobs {
-            cmd.arg(*key).arg(*payload).arg(*request);
-        }
-        cmd
+        dispatch_cmd(&self.core, rev, worker, reply, trace, jobs)
     }
 
     /// Stops job `key`: its handler's `stop` is called on its worker and the
@@ -328,6 +323,32 @@ pub(super) fn not_sent(dispatched: Dispatched) -> DispatchOutcome {
 
 /// The answers of one `dispatch.lua` for `count` jobs: one per job (a
 /// stale revision is every job's).
+/// `dispatch.lua` for `jobs` (key, payload, request id), all routed to
+/// `worker` with slot table revision `rev`, answered on `reply`, their
+/// starts carrying `trace`.
+pub(super) fn dispatch_cmd(
+    core: &Core,
+    rev: u64,
+    worker: &str,
+    reply: &str,
+    trace: &str,
+    jobs: &[(&str, &[u8], &str)],
+) -> redis::Cmd {
+    let keys = core.dispatch_keys(worker, jobs.iter().map(|(key, ..)| *key));
+    let mut cmd = scripts::evalsha(&scripts::DISPATCH, &keys);
+    cmd.arg(rev.to_string())
+        .arg(worker)
+        .arg(reply)
+        .arg(core.options.max_jobs)
+        .arg(jobs.len())
+        .arg(trace)
+        .arg(core.ring());
+    for (key, payload, request) in jobs {
+        cmd.arg(*key).arg(*payload).arg(*request);
+    }
+    cmd
+}
+
 pub(super) fn dispatched(value: Value, count: usize) -> Vec<Result<Dispatched>> {
     let bad = |what: String| (0..count).map(|_| Err(protocol("dispatch", &what))).collect();
     let answers: Vec<Vec<Value>> = match redis::from_redis_value(value) {

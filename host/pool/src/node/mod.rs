@@ -17,6 +17,7 @@
 mod batch;
 mod confirm;
 mod dispatch;
+mod lanes;
 mod listing;
 mod membership;
 mod releases;
@@ -72,6 +73,8 @@ pub struct Node {
     pub(crate) local_workers: LocalWorkers,
     /// With `confirm_replicas`: the connections dispatches go on.
     confirm: Option<Arc<confirm::Confirm>>,
+    /// Single dispatches on their way, by worker (see `lanes`).
+    lanes: Arc<lanes::Lanes>,
     /// Becomes true once the pool shut down and this node's workers left.
     stopped: tokio::sync::watch::Receiver<bool>,
     /// The pool's other slot groups (none for a pool of one group), each
@@ -201,7 +204,15 @@ impl Node {
                     .instrument(span),
             );
         }
-        Ok(Self { core, client_only, local_workers, confirm, stopped, others: Vec::new() })
+        Ok(Self {
+            core,
+            client_only,
+            local_workers,
+            confirm,
+            lanes: Arc::default(),
+            stopped,
+            others: Vec::new(),
+        })
     }
 
     /// The node of slot group `group` (0: this one).
