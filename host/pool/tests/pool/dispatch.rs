@@ -336,3 +336,42 @@ async fn a_batch_without_workers_is_queued_and_starts_when_a_worker_joins() {
     assert_eq!(full.jobs().await.unwrap().iter().filter(|j| j.state == JobState::Running).count(), 20);
     finish(&pool, &[&full, &client_node]).await;
 }
+
+#[tokio::test]
+async fn single_dispatches_that_set_out_together_share_scripts_and_keep_their_own_outcomes() {
+    // A private server: its command counts are this test's alone.
+    let server = pulse_testkit::RedisServer::start();
+    let client = pulse_redis::Redis::open(server.url()).unwrap();
+    let calls = Calls::default();
+    let node = Node::join(&client, "lanes", options()).await.unwrap();
+    node.add_worker(Recording::new(&calls)).await.unwrap();
+    let mut conn = server.connect().await;
+    let before = crate::command_calls(&mut conn).await;
+
+    // 40 dispatches at once to the pool's one worker, "twice" among them
+    // twice: the second finds the first, as it would one by one.
+    let mut keys: Vec<String> = (0..38).map(|i| format!("lane-{i}")).collect();
+    keys.insert(5, "twice".into());
+    keys.insert(20, "twice".into());
+    let outcomes =
+        futures_util::future::join_all(keys.iter().map(|key| node.dispatch(key, key.as_bytes()))).await;
+    for (i, (key, outcome)) in keys.iter().zip(outcomes).enumerate() {
+        let expected = if i == 20 {
+            DispatchOutcome::AlreadyExists(JobState::Running)
+        } else {
+            DispatchOutcome::Started
+        };
+        assert_eq!(outcome.unwrap(), expected, "{key} (dispatch {i})");
+    }
+    assert_eq!(calls.starts(), 39);
+    for call in calls.all() {
+        let Call::Start { key, payload, .. } = call else { panic!("only starts expected") };
+        assert_eq!(payload, key.as_bytes(), "each start carries its own payload");
+    }
+    // The first went alone; the others waited for it and shared what came
+    // next (the scripts counted include the workers' own, a few).
+    let after = crate::command_calls(&mut conn).await;
+    let scripts = after.get("evalsha").copied().unwrap_or(0) - before.get("evalsha").copied().unwrap_or(0);
+    assert!(scripts < 20, "{scripts} scripts for 40 dispatches");
+    node.close().await;
+}
