@@ -14,7 +14,7 @@ use tracing::Instrument;
 
 use super::Node;
 use super::confirm::Sent;
-use super::dispatch::{dispatched, not_sent, started};
+use super::dispatch::{dispatch_cmd, dispatched, not_sent, started};
 use crate::core::{Dispatched, Waiter};
 use crate::error::Result;
 use crate::job::DispatchOutcome;
@@ -203,7 +203,7 @@ impl Node {
                         (jobs[p.index].0.as_str(), jobs[p.index].1.as_slice(), p.waiter.request.as_str())
                     })
                     .collect();
-                pipe.add_command(self.dispatch_cmd(*rev, worker, &replies[g], trace, &group));
+                pipe.add_command(dispatch_cmd(core, *rev, worker, &replies[g], trace, &group));
             }
             let sent = match &self.confirm {
                 None => pipe.query_async(&mut conn).await.map(|replies| Sent { replies, held: true }),

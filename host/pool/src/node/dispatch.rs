@@ -80,7 +80,7 @@ impl Node {
                     (answer.map_err(core.redis_error("dispatch"))?, true)
                 }
                 confirm => {
-                    let cmd = self.dispatch_cmd(rev, &worker, &reply, trace, &[job]);
+                    let cmd = dispatch_cmd(core, rev, &worker, &reply, trace, &[job]);
                     let (answer, held) = match confirm {
                         None => (scripts::query(&scripts::DISPATCH, &cmd, &mut conn).await, true),
                         Some(confirm) => confirmed(confirm, &cmd, &mut conn).await,
@@ -104,18 +104,6 @@ impl Node {
             };
         }
         Err(protocol("dispatch", "membership kept changing"))
-    }
-
-    /// [`dispatch_cmd`] on this node's group.
-    pub(super) fn dispatch_cmd(
-        &self,
-        rev: u64,
-        worker: &str,
-        reply: &str,
-        trace: &str,
-        jobs: &[(&str, &[u8], &str)],
-    ) -> redis::Cmd {
-        dispatch_cmd(&self.core, rev, worker, reply, trace, jobs)
     }
 
     /// Stops job `key`: its handler's `stop` is called on its worker and the
