@@ -20,8 +20,8 @@ use crate::error::Result;
 use crate::job::DispatchOutcome;
 use crate::scripts;
 
-/// Jobs one script starts, at most.
-const GROUP: usize = 500;
+/// Jobs one script starts, at most (a batch's group, or a lane's).
+pub(super) const GROUP: usize = 500;
 
 /// A job of the batch on its way: where its outcome goes, and the waiter
 /// for its worker's answer.
