@@ -309,8 +309,6 @@ pub(super) fn not_sent(dispatched: Dispatched) -> DispatchOutcome {
     }
 }
 
-/// The answers of one `dispatch.lua` for `count` jobs: one per job (a
-/// stale revision is every job's).
 /// `dispatch.lua` for `jobs` (key, payload, request id), all routed to
 /// `worker` with slot table revision `rev`, answered on `reply`, their
 /// starts carrying `trace`.
@@ -337,6 +335,8 @@ pub(super) fn dispatch_cmd(
     cmd
 }
 
+/// The answers of one `dispatch.lua` for `count` jobs: one per job (a
+/// stale revision is every job's).
 pub(super) fn dispatched(value: Value, count: usize) -> Vec<Result<Dispatched>> {
     let bad = |what: String| (0..count).map(|_| Err(protocol("dispatch", &what))).collect();
     let answers: Vec<Vec<Value>> = match redis::from_redis_value(value) {
