@@ -72,13 +72,14 @@
 -- few reads of one entry and an XTRIM; then an XADD per answer and
 -- one XDEL.
 local n, answers, batches = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[8])
--- Item i's key is ARGV[keys_at + i], its needle ARGV[needles_at + i]:
--- the loops over items index ARGV and call the string functions through
--- locals, because a Lua function call or a global lookup per item costs
--- Redis more than the rest of an item's check; the keys are together,
--- for one `HMGET` without a table made of them.
-local kinds = ARGV[9 + 2 * batches]
+-- The kinds are ARGV[keys_at], item i's key ARGV[keys_at + i], its
+-- needle ARGV[needles_at + i]: the loops over items index ARGV and call
+-- the string functions through locals, because in Redis's Lua a function
+-- call or a global lookup per item is a large share of an item's check
+-- (BENCHMARKS.md, "Fewer Lua steps"); the keys are together, for one
+-- `HMGET` without a table made of them.
 local keys_at = 9 + 2 * batches
+local kinds = ARGV[keys_at]
 local needles_at = keys_at + n
 local find, byte, sub = string.find, string.byte, string.sub
 local owners
@@ -97,10 +98,10 @@ end
 -- the host), or is `moving` with the rest of it: plain finds, no
 -- captures, and a string made only for a job that is not running.
 -- The events that passed, whether one was refused, how many states and
--- finishes there are, and the keys of jobs finished in this call (they
--- take no later item).
+-- finishes there are together, and the keys of jobs finished in this
+-- call (they take no later item).
 local all_events = kinds == ''
-local flags, events, refused, states, finishes, finished = {}, 0, false, 0, 0, nil
+local flags, events, refused, others, finished = {}, 0, false, 0, nil
 for i = 1, n do
   local owner, kind = owners[i], all_events and 101 or byte(kinds, i)
   local ok = false
@@ -113,11 +114,9 @@ for i = 1, n do
   flags[i] = ok and '1' or '0'
   if kind == 101 then -- `e`
     if ok then events = events + 1 else refused = true end
-  elseif kind == 115 then -- `s`
-    states = states + 1
   else
-    finishes = finishes + 1
-    if ok then
+    others = others + 1
+    if ok and kind == 102 then -- `f`
       finished = finished or {}
       finished[ARGV[keys_at + i]] = true
     end
@@ -127,7 +126,7 @@ flags = table.concat(flags)
 
 -- States and finishes, each with its keys, in order.
 local at_key, at_state = 8, needles_at + n + 1
-for i = 1, (states + finishes > 0) and n or 0 do
+for i = 1, others > 0 and n or 0 do
   local kind, key = byte(kinds, i), ARGV[keys_at + i]
   if kind == 115 then
     if byte(flags, i) == 49 then redis.call('HSET', KEYS[at_key], 'state', ARGV[at_state]) end
