@@ -34,8 +34,9 @@ local first = take_tokens(KEYS[3], n) - n
 -- token, request and payload (seq 0, reply stream | attempt 1, not
 -- requeued, created at the event's time | no state, the dispatch's trace).
 -- Numbers become text with '%d': `tostring` prints a double. The fixed
--- fields are written out (`1:0,` is ns('0')): each `ns` of a new length
--- formats a number, which costs Redis more than the rest of a field.
+-- fields are written out (`1:0,` is ns('0')), and the ownership's seq is
+-- the text '0': each `ns` of a new length, and each number made text,
+-- formats a number, the costliest step of a field.
 local after_token = '1:0,' .. ns(reply)
 local after_request = '1:1,1:0,0:,'
 local after_payload = '1:0,0:,' .. ns(trace)
@@ -55,7 +56,7 @@ for i = 1, n do
   local key, payload, request = ARGV[5 + 3 * i], ARGV[6 + 3 * i], ARGV[7 + 3 * i]
   local record = KEYS[6 + i]
   local token = string.format('%d', first + i)
-  if redis.call('HSETNX', jobs, key, state .. '|' .. worker .. '|' .. token .. '|0') == 0 then -- ownership(…, 0)
+  if redis.call('HSETNX', jobs, key, ownership(state, worker, token, '0')) == 0 then
     answers[i] = {'exists', parse(redis.call('HGET', jobs, key)).state}
   elseif max_jobs > 0 and redis.call('HLEN', jobs) > max_jobs then
     redis.call('HDEL', jobs, key)

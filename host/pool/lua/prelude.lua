@@ -16,6 +16,8 @@ local function parse(value)
   return {state = state, worker = worker, token = token, seq = tonumber(seq)}
 end
 
+-- `seq` a number, or its text (a caller that has the text saves
+-- formatting a number).
 local function ownership(state, worker, token, seq)
   return state .. '|' .. worker .. '|' .. token .. '|' .. tostring(seq)
 end

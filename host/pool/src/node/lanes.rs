@@ -3,11 +3,11 @@
 //! routed to that worker (with the same slot table revision) wait, and
 //! the next script takes all of them (up to [`GROUP`]), as a batch's
 //! starts go. A script of one job costs Redis more than twice what each
-//! job of a batch does (callgrind: 132k instructions against 55k a job in
+//! job of a batch does (callgrind: 133k instructions against 57k a job in
 //! a batch of 100: the call and its set-up), so with many dispatchers at
-//! once each job pays a share of one. A dispatch that finds
-//! nothing on its way is sent at once; each job is still claimed on its
-//! own, with its own token and answer, in the order the dispatches came.
+//! once each job pays a share of one. A dispatch that finds nothing on
+//! its way is sent at once; each job is still claimed on its own, with its
+//! own token and answer, in the order the dispatches came.
 //!
 //! The scripts are sent by a task of their own per worker, never by the
 //! caller's future: a dispatch whose caller stops waiting leaves the jobs
