@@ -38,19 +38,21 @@ impl Core {
         self.slots.wait_until(CATCH_UP, |slots| slots.revision() >= rev).await;
     }
 
-    /// The keys of `dispatch.lua` for jobs `jobs` that route to `worker`:
+    /// The keys of `dispatch.lua` for jobs `jobs` that route to `workers`:
     /// the jobs hash, the slot table, the token counter, the queued set,
-    /// the worker's inbox and job set, then each job's record.
-    pub(crate) fn dispatch_keys<'k>(&self, worker: &str, jobs: impl Iterator<Item = &'k str>) -> Vec<String> {
+    /// each worker's inbox and job set, then each job's record.
+    pub(crate) fn dispatch_keys<'k>(&self, workers: &[&str], jobs: impl Iterator<Item = &'k str>) -> Vec<String> {
         let keys = &self.keys;
         let mut all = vec![
             keys.jobs.clone(),
             self.slots.redis_key().to_owned(),
             keys.tokens.clone(),
             keys.queued.clone(),
-            keys.inbox(worker),
-            keys.worker_jobs(worker),
         ];
+        for worker in workers {
+            all.push(keys.inbox(worker));
+            all.push(keys.worker_jobs(worker));
+        }
         all.extend(jobs.map(|key| keys.record(key)));
         all
     }

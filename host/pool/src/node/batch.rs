@@ -14,7 +14,7 @@ use tracing::Instrument;
 
 use super::Node;
 use super::confirm::Sent;
-use super::dispatch::{dispatch_cmd, dispatched, not_sent, started};
+use super::dispatch::{Start, dispatch_cmd, dispatched, not_sent, started};
 use crate::core::{Dispatched, Waiter};
 use crate::error::Result;
 use crate::job::DispatchOutcome;
@@ -197,13 +197,17 @@ impl Node {
             pipe.ignore_errors();
             for &g in &todo {
                 let Group { rev, worker, jobs: pending } = &groups[g];
-                let group: Vec<(&str, &[u8], &str)> = pending
+                let group: Vec<Start<'_>> = pending
                     .iter()
-                    .map(|p| {
-                        (jobs[p.index].0.as_str(), jobs[p.index].1.as_slice(), p.waiter.request.as_str())
+                    .map(|p| Start {
+                        worker,
+                        reply: &replies[g],
+                        key: &jobs[p.index].0,
+                        payload: &jobs[p.index].1,
+                        request: &p.waiter.request,
                     })
                     .collect();
-                pipe.add_command(dispatch_cmd(core, *rev, worker, &replies[g], trace, &group));
+                pipe.add_command(dispatch_cmd(core, *rev, trace, &group));
             }
             let sent = match &self.confirm {
                 None => pipe.query_async(&mut conn).await.map(|replies| Sent { replies, held: true }),

@@ -72,15 +72,15 @@ impl Node {
             let mut conn = core.conn.clone();
             let (rev, worker) = core.route(key);
             let reply = core.dispatch_replies(&worker).await;
-            let job = (key, payload, waiter.request.as_str());
+            let job = Start { worker: &worker, reply: &reply, key, payload, request: &waiter.request };
             let (answer, held) = match &self.confirm {
                 // Untraced, it may share a script (see `lanes`).
                 None if trace.is_empty() => {
-                    let answer = self.lanes.dispatch(core, (rev, &worker, &reply), job).await;
+                    let answer = self.lanes.dispatch(core, rev, job).await;
                     (answer.map_err(core.redis_error("dispatch"))?, true)
                 }
                 confirm => {
-                    let cmd = dispatch_cmd(core, rev, &worker, &reply, trace, &[job]);
+                    let cmd = dispatch_cmd(core, rev, trace, &[job]);
                     let (answer, held) = match confirm {
                         None => (scripts::query(&scripts::DISPATCH, &cmd, &mut conn).await, true),
                         Some(confirm) => confirmed(confirm, &cmd, &mut conn).await,
@@ -309,28 +309,48 @@ pub(super) fn not_sent(dispatched: Dispatched) -> DispatchOutcome {
     }
 }
 
-/// `dispatch.lua` for `jobs` (key, payload, request id), all routed to
-/// `worker` with slot table revision `rev`, answered on `reply`, their
-/// starts carrying `trace`.
-pub(super) fn dispatch_cmd(
-    core: &Core,
-    rev: u64,
-    worker: &str,
-    reply: &str,
-    trace: &str,
-    jobs: &[(&str, &[u8], &str)],
-) -> redis::Cmd {
-    let keys = core.dispatch_keys(worker, jobs.iter().map(|(key, ..)| *key));
+/// A job's start as `dispatch.lua` takes it: the worker its key routes
+/// to and the stream the worker answers on, the job's key and payload,
+/// and the request id its answer carries.
+#[derive(Clone, Copy)]
+pub(super) struct Start<'a> {
+    pub(super) worker: &'a str,
+    pub(super) reply: &'a str,
+    pub(super) key: &'a str,
+    pub(super) payload: &'a [u8],
+    pub(super) request: &'a str,
+}
+
+/// `dispatch.lua` for `starts`, all routed with slot table revision `rev`
+/// (to workers of one slot group), carrying `trace`: each worker named
+/// once, in the order of its first job.
+pub(super) fn dispatch_cmd(core: &Core, rev: u64, trace: &str, starts: &[Start<'_>]) -> redis::Cmd {
+    let mut workers: Vec<(&str, &str)> = Vec::new();
+    let mut of_job = Vec::with_capacity(starts.len());
+    for start in starts {
+        let j = match workers.iter().position(|&(worker, _)| worker == start.worker) {
+            Some(j) => j,
+            None => {
+                workers.push((start.worker, start.reply));
+                workers.len() - 1
+            }
+        };
+        of_job.push(j + 1);
+    }
+    let names: Vec<&str> = workers.iter().map(|&(worker, _)| worker).collect();
+    let keys = core.dispatch_keys(&names, starts.iter().map(|start| start.key));
     let mut cmd = scripts::evalsha(&scripts::DISPATCH, &keys);
     cmd.arg(rev.to_string())
-        .arg(worker)
-        .arg(reply)
         .arg(core.options.max_jobs)
-        .arg(jobs.len())
+        .arg(starts.len())
         .arg(trace)
-        .arg(core.ring());
-    for (key, payload, request) in jobs {
-        cmd.arg(*key).arg(*payload).arg(*request);
+        .arg(core.ring())
+        .arg(workers.len());
+    for (worker, reply) in workers {
+        cmd.arg(worker).arg(reply);
+    }
+    for (start, j) in starts.iter().zip(of_job) {
+        cmd.arg(j).arg(start.key).arg(start.payload).arg(start.request);
     }
     cmd
 }

@@ -1,15 +1,15 @@
 //! Single dispatches that set out together share a script: while a
-//! node's `dispatch.lua` to a worker is on its way, the untraced starts
-//! routed to that worker (with the same slot table revision) wait, and
-//! the next script takes all of them (up to [`GROUP`]), as a batch's
-//! starts go. A script of one job costs Redis more than twice what each
+//! node's `dispatch.lua` is on its way, the untraced starts routed with the
+//! same slot table revision wait, whichever workers of the node's slot
+//! group they go to, and the next script takes all of them (up to
+//! [`GROUP`]), as a batch's starts go. A script of one job costs Redis more than twice what each
 //! job of a batch does (callgrind: 133k instructions against 57k a job in
 //! a batch of 100: the call and its set-up), so with many dispatchers at
 //! once each job pays a share of one. A dispatch that finds nothing on
 //! its way is sent at once; each job is still claimed on its own, with its
 //! own token and answer, in the order the dispatches came.
 //!
-//! The scripts are sent by a task of their own per worker, never by the
+//! The scripts are sent by a task of their own per revision, never by the
 //! caller's future: a dispatch whose caller stops waiting leaves the jobs
 //! that waited behind it on their way.
 
@@ -23,20 +23,17 @@ use crate::error::Result;
 use crate::scripts;
 
 use super::batch::GROUP;
-use super::dispatch::{dispatch_cmd, dispatched};
+use super::dispatch::{Start, dispatch_cmd, dispatched};
 
-/// Where a lane's jobs go: the revision they were routed with, their
-/// worker and the stream its answers go to.
-#[derive(Clone, PartialEq, Eq, Hash)]
-struct Lane {
-    rev: u64,
-    worker: String,
-    reply: String,
-}
+/// A lane: the slot table revision its jobs were routed with (a script
+/// checks one).
+type Lane = u64;
 
 /// A job waiting in its lane, and where its answer goes: the script's
 /// answer for it, or why the script failed.
 struct Waiting {
+    worker: String,
+    reply: String,
     key: String,
     payload: Vec<u8>,
     request: String,
@@ -54,19 +51,24 @@ impl Lanes {
         self.0.lock().unwrap_or_else(|poison| poison.into_inner())
     }
 
-    /// Sends the start of job `key` to `worker` with the next script of
-    /// its lane, answered on `reply` for `request`: the script's answer
-    /// for it.
+    /// Sends `start`, routed with revision `rev`, with the next script of
+    /// its lane: the script's answer for it.
     pub(crate) async fn dispatch(
         self: &Arc<Self>,
         core: &Arc<Core>,
-        (rev, worker, reply): (u64, &str, &str),
-        (key, payload, request): (&str, &[u8], &str),
+        rev: u64,
+        start: Start<'_>,
     ) -> redis::RedisResult<Result<Dispatched>> {
         let (answer, answered) = oneshot::channel();
-        let waiting =
-            Waiting { key: key.to_owned(), payload: payload.to_vec(), request: request.to_owned(), answer };
-        let lane = Lane { rev, worker: worker.to_owned(), reply: reply.to_owned() };
+        let waiting = Waiting {
+            worker: start.worker.to_owned(),
+            reply: start.reply.to_owned(),
+            key: start.key.to_owned(),
+            payload: start.payload.to_vec(),
+            request: start.request.to_owned(),
+            answer,
+        };
+        let lane = rev;
         let start = {
             let mut lanes = self.lock();
             match lanes.get_mut(&lane) {
@@ -75,7 +77,7 @@ impl Lanes {
                     false
                 }
                 None => {
-                    lanes.insert(lane.clone(), vec![waiting]);
+                    lanes.insert(lane, vec![waiting]);
                     true
                 }
             }
@@ -99,12 +101,19 @@ async fn send(lanes: Arc<Lanes>, core: Arc<Core>, lane: Lane) {
                 all.remove(&lane);
                 return;
             }
-            let rest = queue.split_off(queue.len().min(GROUP));
-            std::mem::replace(queue, rest)
+            next_script(queue)
         };
-        let group: Vec<(&str, &[u8], &str)> =
-            jobs.iter().map(|job| (job.key.as_str(), job.payload.as_slice(), job.request.as_str())).collect();
-        let cmd = dispatch_cmd(&core, lane.rev, &lane.worker, &lane.reply, "", &group);
+        let group: Vec<Start<'_>> = jobs
+            .iter()
+            .map(|job| Start {
+                worker: &job.worker,
+                reply: &job.reply,
+                key: &job.key,
+                payload: &job.payload,
+                request: &job.request,
+            })
+            .collect();
+        let cmd = dispatch_cmd(&core, lane, "", &group);
         match scripts::query(&scripts::DISPATCH, &cmd, &mut core.conn.clone()).await {
             Ok(value) => {
                 let answers = dispatched(value, jobs.len());
@@ -119,4 +128,24 @@ async fn send(lanes: Arc<Lanes>, core: Arc<Core>, lane: Lane) {
             }
         }
     }
+}
+
+/// Takes the jobs of the next script from the front of `queue`: up to
+/// [`GROUP`], and not past a job whose worker is answered on another
+/// stream than its earlier jobs in the script (a script names each
+/// worker's inbox once, with one reply stream; a worker's stream changes
+/// only when it could not be opened).
+fn next_script(queue: &mut Vec<Waiting>) -> Vec<Waiting> {
+    let mut replies: Vec<(&str, &str)> = Vec::new();
+    let mut count = 0;
+    for job in queue.iter().take(GROUP) {
+        match replies.iter().find(|(worker, _)| *worker == job.worker) {
+            Some((_, reply)) if *reply != job.reply => break,
+            Some(_) => {}
+            None => replies.push((&job.worker, &job.reply)),
+        }
+        count += 1;
+    }
+    let rest = queue.split_off(count);
+    std::mem::replace(queue, rest)
 }

@@ -1,5 +1,7 @@
 //! Dispatch: routing, outcomes, unique keys, queued jobs, failures.
 
+use std::collections::HashSet;
+
 use pulse_pool::hash::{VIRTUAL_SLOTS, slot_of};
 use pulse_pool::{DispatchOutcome, Error, JobState, Node};
 use pulse_testkit::unique;
@@ -344,12 +346,23 @@ async fn single_dispatches_that_set_out_together_share_scripts_and_keep_their_ow
     let client = pulse_redis::Redis::open(server.url()).unwrap();
     let calls = Calls::default();
     let node = Node::join(&client, "lanes", options()).await.unwrap();
-    node.add_worker(Recording::new(&calls)).await.unwrap();
+    for _ in 0..3 {
+        node.add_worker(Recording::new(&calls)).await.unwrap();
+    }
+    // The node's view of the slots holds all three before the dispatches
+    // set out: the keys route to each of them.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    while node.workers().await.unwrap().iter().filter(|w| w.slots > 0).count() < 3
+        || (0..38).map(|i| node.owner(&format!("lane-{i}"))).collect::<HashSet<_>>().len() < 3
+    {
+        assert!(tokio::time::Instant::now() < deadline, "the three workers never all held slots");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     let mut conn = server.connect().await;
     let before = crate::command_calls(&mut conn).await;
 
-    // 40 dispatches at once to the pool's one worker, "twice" among them
-    // twice: the second finds the first, as it would one by one.
+    // 40 dispatches at once to the pool's three workers, "twice" among
+    // them twice: the second finds the first, as it would one by one.
     let mut keys: Vec<String> = (0..38).map(|i| format!("lane-{i}")).collect();
     keys.insert(5, "twice".into());
     keys.insert(20, "twice".into());
@@ -364,14 +377,21 @@ async fn single_dispatches_that_set_out_together_share_scripts_and_keep_their_ow
         assert_eq!(outcome.unwrap(), expected, "{key} (dispatch {i})");
     }
     assert_eq!(calls.starts(), 39);
+    let mut workers = HashSet::new();
     for call in calls.all() {
-        let Call::Start { key, payload, .. } = call else { panic!("only starts expected") };
+        let Call::Start { key, payload, worker, .. } = call else { panic!("only starts expected") };
         assert_eq!(payload, key.as_bytes(), "each start carries its own payload");
+        assert_eq!(node.owner(&key), Some(worker.clone()), "{key} started where it routes");
+        workers.insert(worker);
     }
-    // The first went alone; the others waited for it and shared what came
-    // next (the scripts counted include the workers' own, a few).
+    assert_eq!(workers.len(), 3, "the starts reached every worker");
+    // They set out together (this test's runtime runs the lane's task only
+    // once every dispatch waits in it) and shared one script, whichever
+    // worker each goes to; a lane per worker sends a script per worker.
+    // Counted: every script on this server, the first refused once as not
+    // yet loaded.
     let after = crate::command_calls(&mut conn).await;
     let scripts = after.get("evalsha").copied().unwrap_or(0) - before.get("evalsha").copied().unwrap_or(0);
-    assert!(scripts < 20, "{scripts} scripts for 40 dispatches");
+    assert!(scripts <= 2, "{scripts} scripts for 40 dispatches to 3 workers");
     node.close().await;
 }
