@@ -41,7 +41,11 @@ impl Core {
     /// The keys of `dispatch.lua` for jobs `jobs` that route to `workers`:
     /// the jobs hash, the slot table, the token counter, the queued set,
     /// each worker's inbox and job set, then each job's record.
-    pub(crate) fn dispatch_keys<'k>(&self, workers: &[&str], jobs: impl Iterator<Item = &'k str>) -> Vec<String> {
+    pub(crate) fn dispatch_keys<'k>(
+        &self,
+        workers: &[&str],
+        jobs: impl Iterator<Item = &'k str>,
+    ) -> Vec<String> {
         let keys = &self.keys;
         let mut all = vec![
             keys.jobs.clone(),

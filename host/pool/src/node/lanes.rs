@@ -2,10 +2,11 @@
 //! node's `dispatch.lua` is on its way, the untraced starts routed with the
 //! same slot table revision wait, whichever workers of the node's slot
 //! group they go to, and the next script takes all of them (up to
-//! [`GROUP`]), as a batch's starts go. A script of one job costs Redis more than twice what each
-//! job of a batch does (callgrind: 133k instructions against 57k a job in
-//! a batch of 100: the call and its set-up), so with many dispatchers at
-//! once each job pays a share of one. A dispatch that finds nothing on
+//! [`GROUP`]), as a batch's starts go. A script of one job costs Redis
+//! more than twice what each job of a batch does (callgrind: 133k
+//! instructions against 57k a job in a batch of 100: the call and its
+//! set-up), so with many dispatchers at once each job pays a share of
+//! one. A dispatch that finds nothing on
 //! its way is sent at once; each job is still claimed on its own, with its
 //! own token and answer, in the order the dispatches came.
 //!

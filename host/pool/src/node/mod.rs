@@ -73,7 +73,7 @@ pub struct Node {
     pub(crate) local_workers: LocalWorkers,
     /// With `confirm_replicas`: the connections dispatches go on.
     confirm: Option<Arc<confirm::Confirm>>,
-    /// Single dispatches on their way, by worker (see `lanes`).
+    /// Single dispatches on their way, by slot table revision (see `lanes`).
     lanes: Arc<lanes::Lanes>,
     /// Becomes true once the pool shut down and this node's workers left.
     stopped: tokio::sync::watch::Receiver<bool>,
