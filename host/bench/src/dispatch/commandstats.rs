@@ -5,15 +5,20 @@
 //! also gives the CPU the Redis process used per job (`INFO cpu`, user
 //! and system): the commands' own times are wall-clock times, which grow
 //! when the machine is busy, and leave out reading, parsing and replying.
+//! The system share is given apart: it is the sockets' reads and writes,
+//! waking the clients and Redis's own sleeps between bursts, and it grows
+//! per job when a line keeps Redis less busy (fewer commands to each
+//! wake-up), whatever each job's commands cost.
 
 use std::collections::BTreeMap;
 
 use crate::report;
 
 /// Per command: (calls, CPU µs) so far; the CPU µs the Redis process
-/// used so far; the errors it answered so far (`INFO errorstats`: a
-/// `CROSSSLOT` or a script's "non local key" on a cluster counts).
-pub(super) struct Commandstats(BTreeMap<String, (u64, u64)>, u64, u64);
+/// used so far, in all and in the kernel; the errors it answered so far
+/// (`INFO errorstats`: a `CROSSSLOT` or a script's "non local key" on a
+/// cluster counts).
+pub(super) struct Commandstats(BTreeMap<String, (u64, u64)>, u64, u64, u64);
 
 /// Commands that took less CPU per job than this (µs) are left out of the
 /// `dispatch-redis` line (membership upkeep, the bench's own `INFO`); a
@@ -33,6 +38,7 @@ impl Commandstats {
                 .unwrap_or(0.0)
         };
         let process_us = ((seconds("used_cpu_user") + seconds("used_cpu_sys")) * 1e6) as u64;
+        let system_us = (seconds("used_cpu_sys") * 1e6) as u64;
         let errorstats: String = redis::cmd("INFO").arg("errorstats").query_async(conn).await?;
         let errors = errorstats
             .lines()
@@ -47,13 +53,14 @@ impl Commandstats {
                 })
                 .collect(),
             process_us,
+            system_us,
             errors,
         ))
     }
 
     /// The figures of several servers (a cluster's masters) added up.
     pub(super) fn sum(all: Vec<Self>) -> Self {
-        let mut total = Self(BTreeMap::new(), 0, 0);
+        let mut total = Self(BTreeMap::new(), 0, 0, 0);
         for stats in all {
             for (name, (calls, usec)) in stats.0 {
                 let entry = total.0.entry(name).or_default();
@@ -62,6 +69,7 @@ impl Commandstats {
             }
             total.1 += stats.1;
             total.2 += stats.2;
+            total.3 += stats.3;
         }
         total
     }
@@ -71,9 +79,14 @@ impl Commandstats {
         self.1.saturating_sub(before.1)
     }
 
+    /// CPU µs the Redis process used in the kernel since `before`.
+    pub(super) fn system_us_since(&self, before: &Self) -> u64 {
+        self.2.saturating_sub(before.2)
+    }
+
     /// Errors Redis answered since `before`.
     pub(super) fn errors_since(&self, before: &Self) -> u64 {
-        self.2.saturating_sub(before.2)
+        self.3.saturating_sub(before.3)
     }
 
     /// (calls, CPU µs) of each command since `before`, busiest first.
@@ -109,6 +122,10 @@ impl Commandstats {
             .field(
                 "process_cpu_us_per_job",
                 format!("{:.1}", self.1.saturating_sub(before.1) as f64 / jobs as f64),
+            )
+            .field(
+                "process_sys_us_per_job",
+                format!("{:.1}", self.system_us_since(before) as f64 / jobs as f64),
             );
         for (name, calls, usec) in self.since(before) {
             let (per_job, us_per_job) = (calls as f64 / jobs as f64, usec as f64 / jobs as f64);
@@ -174,8 +191,8 @@ impl Spent {
     }
 
     /// The fields every line shows of it, per job of `jobs`: commands, their
-    /// CPU, the Redis processes' CPU (summed over servers), servers, the
-    /// busiest one's share, errors answered.
+    /// CPU, the Redis processes' CPU (summed over servers) in all and in
+    /// the kernel, servers, the busiest one's share, errors answered.
     pub(super) fn fields(&self, line: report::Result, jobs: usize) -> report::Result {
         let (calls, usec) = self.after.total_since(&self.before);
         let per_job = |value: u64| value as f64 / jobs as f64;
@@ -184,6 +201,10 @@ impl Spent {
             .field(
                 "process_cpu_us_per_job",
                 format!("{:.1}", per_job(self.after.process_us_since(&self.before))),
+            )
+            .field(
+                "process_sys_us_per_job",
+                format!("{:.1}", per_job(self.after.system_us_since(&self.before))),
             )
             .field("servers", self.servers)
             .field("busiest_server_cpu_share", format!("{:.2}", self.busiest_share))
