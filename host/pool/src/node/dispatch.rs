@@ -329,7 +329,10 @@ pub(super) fn dispatch_cmd(core: &Core, rev: u64, trace: &str, starts: &[Start<'
     let mut of_job = Vec::with_capacity(starts.len());
     for start in starts {
         let j = match workers.iter().position(|&(worker, _)| worker == start.worker) {
-            Some(j) => j,
+            Some(j) => {
+                debug_assert_eq!(workers[j].1, start.reply, "one reply stream per worker in a script");
+                j
+            }
             None => {
                 workers.push((start.worker, start.reply));
                 workers.len() - 1
