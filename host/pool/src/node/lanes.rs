@@ -149,3 +149,45 @@ fn next_script(queue: &mut Vec<Waiting>) -> Vec<Waiting> {
     let rest = queue.split_off(count);
     std::mem::replace(queue, rest)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn waiting(worker: &str, reply: &str, key: &str) -> Waiting {
+        Waiting {
+            worker: worker.into(),
+            reply: reply.into(),
+            key: key.into(),
+            payload: Vec::new(),
+            request: String::new(),
+            answer: oneshot::channel().0,
+        }
+    }
+
+    fn keys(jobs: &[Waiting]) -> Vec<&str> {
+        jobs.iter().map(|job| job.key.as_str()).collect()
+    }
+
+    #[test]
+    fn a_script_takes_every_worker_s_jobs_in_order_until_a_worker_s_stream_changes() {
+        let mut queue = vec![
+            waiting("w1", "r1", "a"),
+            waiting("w2", "r2", "b"),
+            waiting("w1", "r1", "c"),
+            waiting("w2", "node", "d"),
+            waiting("w3", "r3", "e"),
+        ];
+        assert_eq!(keys(&next_script(&mut queue)), ["a", "b", "c"]);
+        assert_eq!(keys(&next_script(&mut queue)), ["d", "e"]);
+        assert!(queue.is_empty());
+    }
+
+    #[test]
+    fn a_script_takes_at_most_a_group() {
+        let mut queue: Vec<Waiting> = (0..GROUP + 3).map(|i| waiting("w1", "r1", &i.to_string())).collect();
+        assert_eq!(next_script(&mut queue).len(), GROUP);
+        let rest: Vec<String> = (GROUP..GROUP + 3).map(|i| i.to_string()).collect();
+        assert_eq!(keys(&queue), rest);
+    }
+}
