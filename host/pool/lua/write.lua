@@ -1,30 +1,40 @@
--- write(max_events, max_bytes, worker, replies_kept, items, answers, ring,
---       B, batch1, …, count1, …, kinds, key1, …, needle1, …, state1, …,
---       stream_name1, payload1, …, entry1, …) -> flags: one character
---       per item, '1' when it was written, '0' when its token is not its
---       job's (or the job is not `worker`'s, running or moving).
+-- write(max_events, max_bytes, W, replies_kept, items, answers, ring,
+--       B, batch1, …, count1, …, items1, …, kinds, key1, …, needle1, …,
+--       state1, …, stream_name1, payload1, …, then per worker: deletes,
+--       entry1, …) -> flags: one character per item, '1' when it was
+--       written, '0' when its token is not its job's (or the job is not
+--       its worker's, running or moving).
 --
 -- KEYS[1] jobs hash   KEYS[2] the pool's events stream   KEYS[3] the
 -- bytes ever written to the stream (a counter)   KEYS[4] the payload
 -- bytes the stream held, as versions without `c` counted them   KEYS[5]
--- the worker's inbox   KEYS[6] the worker's job set   KEYS[7] the events
--- ever written to the stream (a counter)
+-- the events ever written to the stream (a counter)
+-- then each worker's inbox and job set: KEYS[4 + 2w] and KEYS[5 + 2w]
+-- for worker w, 1 to W
 -- then for each item, in order: nothing for an event, the job's record for
 -- a state, the job's record and held events for a finish; then each
 -- answer's reply stream
 -- ARGV[1] events the events stream keeps  ARGV[2] bytes it keeps
--- ARGV[3] the worker (the needles hold it too)  ARGV[4] entries a reply
+-- ARGV[3] W, the workers whose writes these are  ARGV[4] entries a reply
 -- stream keeps (about)  ARGV[5] items  ARGV[6] answers  ARGV[7] '1' to
 -- ring the doorbells of the reply streams answered (see `ring`)
 -- ARGV[8] B, then B batches of events (the netstrings of each event
 -- item's job key and payload, in order, cut into entries as the bounds
 -- below say), then how many events each batch holds
--- then the items' kinds, one character each (`e` an event emitted, `s` a
--- state saved, `f` the job finished; empty when every item is an event),
--- then each item's job key, then each item's `running|worker|token|`
--- (the needle of the fence check, made by the host), then the payload of
--- each state; then each answer's entry name and payload; then the inbox
--- entries to delete
+-- then how many items each worker has (the items are in the order of
+-- the workers), then the items' kinds, one character each (`e` an event
+-- emitted, `s` a state saved, `f` the job finished; empty when every item
+-- is an event), then each item's job key, then each item's
+-- `running|worker|token|` (the needle of the fence check, made by the
+-- host), then the payload of each state; then each answer's entry name
+-- and payload; then for each worker, how many of its inbox entries to
+-- delete, and those entries
+--
+-- A host's workers of one slot group write together: one call carries
+-- what each of them has ready when the call before it was answered (see
+-- `core::flushes`). Most of a call's cost does not depend on how many
+-- items it carries (the call, the counters, the events' entry), so the
+-- more workers share one, the less each job pays.
 --
 -- One step for everything a worker writes of its jobs' calls: the events
 -- a call emitted, the state it saved and its job's completion land with
@@ -69,8 +79,8 @@
 --
 -- A call costs an HMGET per 1,000 items, an HSET per state; for its
 -- events, an XADD per entry and two INCRBY; one in about 64 events, a
--- few reads of one entry and an XTRIM; then an XADD per answer and
--- one XDEL.
+-- few reads of one entry and an XTRIM; then an XADD per answer and an
+-- XDEL per worker.
 local n, answers, batches = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[8])
 -- The kinds are ARGV[keys_at], item i's key ARGV[keys_at + i], its
 -- needle ARGV[needles_at + i]: the loops over items index ARGV and call
@@ -78,7 +88,9 @@ local n, answers, batches = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[
 -- call or a global lookup per item is a large share of an item's check
 -- (BENCHMARKS.md, "Fewer Lua steps"); the keys are together, for one
 -- `HMGET` without a table made of them.
-local keys_at = 9 + 2 * batches
+local workers = tonumber(ARGV[3])
+local items_at = 8 + 2 * batches
+local keys_at = items_at + workers + 1
 local kinds = ARGV[keys_at]
 local needles_at = keys_at + n
 local find, byte, sub = string.find, string.byte, string.sub
@@ -124,9 +136,13 @@ for i = 1, n do
 end
 flags = table.concat(flags)
 
--- States and finishes, each with its keys, in order.
-local at_key, at_state = 8, needles_at + n + 1
+-- States and finishes, each with its keys, in order; `worker` is item i's,
+-- `left` how many of its items come after item i.
+local at_key, at_state = 6 + 2 * workers, needles_at + n + 1
+local worker, left = 0, 0
 for i = 1, others > 0 and n or 0 do
+  while left == 0 do worker, left = worker + 1, tonumber(ARGV[items_at + worker + 1]) end
+  left = left - 1
   local kind, key = byte(kinds, i), ARGV[keys_at + i]
   if kind == 115 then
     if byte(flags, i) == 49 then redis.call('HSET', KEYS[at_key], 'state', ARGV[at_state]) end
@@ -135,7 +151,7 @@ for i = 1, others > 0 and n or 0 do
     if byte(flags, i) == 49 then
       redis.call('HDEL', KEYS[1], key)
       redis.call('DEL', KEYS[at_key], KEYS[at_key + 1])
-      redis.call('SREM', KEYS[6], key)
+      redis.call('SREM', KEYS[5 + 2 * worker], key)
     end
     at_key = at_key + 2
   end
@@ -150,7 +166,12 @@ for a = 0, answers - 1 do
   -- A node that is gone has no stream, so nobody to ring.
   if id and prev then ring(KEYS[at_key + a], prev, {rung(id, name, payload)}) end
 end
-if #ARGV >= at_arg + 2 * answers then redis.call('XDEL', KEYS[5], unpack(ARGV, at_arg + 2 * answers)) end
+local at_delete = at_arg + 2 * answers
+for w = 1, workers do
+  local deletes = tonumber(ARGV[at_delete])
+  if deletes > 0 then redis.call('XDEL', KEYS[4 + 2 * w], unpack(ARGV, at_delete + 1, at_delete + deletes)) end
+  at_delete = at_delete + 1 + deletes
+end
 
 if events == 0 then return flags end
 local max_events, max_bytes = tonumber(ARGV[1]), tonumber(ARGV[2])
@@ -195,11 +216,11 @@ if total == added then
   local earlier = tonumber(redis.call('GET', KEYS[4]) or 0) or 0
   if earlier > 0 then total = redis.call('INCRBY', KEYS[3], earlier) end
 end
-local count = redis.call('INCRBY', KEYS[7], events)
+local count = redis.call('INCRBY', KEYS[5], events)
 if count == events then
   -- A new counter: the entries already there hold one event each.
   local earlier = redis.call('XLEN', KEYS[2])
-  if earlier > 0 then count = redis.call('INCRBY', KEYS[7], earlier) end
+  if earlier > 0 then count = redis.call('INCRBY', KEYS[5], earlier) end
 end
 local bytes_at, events_at = total - added, count - events
 local newest

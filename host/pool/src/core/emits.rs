@@ -23,6 +23,9 @@
 //! (a failure, a hand-back, a completion after a stop) sends what is
 //! queued for its job first, in the same pipeline, and one batch is sent
 //! at a time. So each job's writes reach Redis in the order it made them.
+//! A worker's flush may carry other workers' batches (see `flushes`): one
+//! pipeline, one `write.lua` for all their writes, each worker's batch
+//! still taken and answered in its own order.
 //!
 //! Fencing: each write is made under its job's token in `write.lua`, and
 //! one whose job is no longer its worker's when the batch arrives is
@@ -327,6 +330,12 @@ impl EmitQueue {
         self.lock().has_sealed()
     }
 
+    /// Whether writes of its jobs wait to be sent (not only answers and
+    /// deletions): a flush of them runs `write.lua`.
+    pub(crate) fn has_writes_ready(&self) -> bool {
+        self.lock().writes.iter().any(|(_, sealed)| *sealed)
+    }
+
     /// Resolves once a write was ready since the last time it resolved.
     ///
     /// # Cancel safety
@@ -344,19 +353,23 @@ impl EmitQueue {
     /// Not cancel safe: a batch taken is written, or put back, only if the
     /// future runs to its end.
     pub(crate) async fn send(&self, core: &Core, then: &[Cmd]) -> RedisResult<Vec<RedisResult<Value>>> {
-        let mut answered = self.sending.lock().await;
+        let mut parts = [self.part().await];
+        let result = write(core, &mut parts, then).await;
+        let [part] = parts;
+        part.settle(result.is_err());
+        result
+    }
+
+    /// What the queue has ready, once its earlier batches were answered:
+    /// its part of the next pipeline.
+    async fn part(&self) -> Part<'_> {
+        let answered = self.sending.lock().await;
         let batch = {
             let mut pending = self.lock();
             pending.in_flight += 1;
             pending.take()
         };
-        let result = self.write(core, &batch, then, &mut answered).await;
-        let mut pending = self.lock();
-        pending.in_flight -= 1;
-        if result.is_err() {
-            pending.put_back(batch);
-        }
-        result
+        Part { queue: self, batch, answered }
     }
 
     /// Sends `cmd`, an [`scripts::evalsha`] of `script` for job `key`,
@@ -389,95 +402,13 @@ impl EmitQueue {
         }
     }
 
-    async fn write(
-        &self,
-        core: &Core,
-        batch: &Batch,
-        then: &[Cmd],
-        last: &mut Answered,
-    ) -> RedisResult<Vec<RedisResult<Value>>> {
-        if batch.is_empty() && then.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut pipe = redis::pipe();
-        pipe.ignore_errors();
-        let replies = replies(&batch.answers);
-        // With doorbells, answers ring with their entries and the id
-        // before them, which only a script knows; but on the streams where
-        // this worker answers dispatches, it picks the ids itself.
-        let plain =
-            !core.doorbells || replies.iter().all(|reply| core.keys.answered_by(&reply.stream, &self.worker));
-        let script = !batch.writes.is_empty() || (!plain && !batch.is_empty());
-        // The streams of the answers added with their ids, in the order
-        // of their `XADD`s, which open the pipeline.
-        let mut added = Vec::new();
-        if script {
-            pipe.add_command(write_cmd(core, &self.worker, batch, &replies));
-            // The script picks the ids: the worker's last ones are not the
-            // streams' last any more.
-            last.forget(&replies);
-        } else {
-            if core.doorbells {
-                last.learn(core, &replies).await?;
-                let (adds, rings) = last.ring(&replies);
-                for (stream, cmd) in adds {
-                    added.push(stream);
-                    pipe.add_command(cmd);
-                }
-                for cmd in rings {
-                    pipe.add_command(cmd);
-                }
-            } else {
-                for reply in &replies {
-                    pipe.add_command(reply_cmd(reply, "*"));
-                }
-            }
-            if !batch.deletes.is_empty() {
-                // XDEL, not XTRIM MINID: entries are processed out of order
-                // (calls of different keys finish in any order), and an exact
-                // trim scans the head node of the stream on every call;
-                // deleting an entry is a lookup.
-                let mut cmd = redis::cmd("XDEL");
-                cmd.arg(core.keys.inbox(&self.worker)).arg(&batch.deletes);
-                pipe.add_command(cmd);
-            }
-        }
-        for cmd in then {
-            pipe.add_command(cmd.clone());
-        }
-        let mut conn = core.conn.clone();
-        let mut answered: Vec<RedisResult<Value>> = pipe.query_async(&mut conn).await?;
-        let rest = answered.split_off(answered.len() - then.len());
-        if script {
-            let reply = match answered.pop() {
-                // Redis forgot its scripts since the worker loaded them (a
-                // restart, `SCRIPT FLUSH`): the script wrote nothing, and
-                // is sent again, now after `then`.
-                Some(Err(error)) if scripts::is_unknown_script(&error) => {
-                    let cmd = write_cmd(core, &self.worker, batch, &replies);
-                    scripts::query(&scripts::WRITE, &cmd, &mut conn).await
-                }
-                Some(other) => other.and_then(|value| Ok(redis::from_redis_value(value)?)),
-                None => unreachable!("one script sent, one answer"),
-            };
-            written(core, &batch.writes, reply);
-            return Ok(rest);
-        }
-        let again = last.settle(&added, &answered);
-        if !again.is_empty() {
-            // Not added (another writer took the id, or the slot was
-            // moving): the stream's answers go again, after its last id is
-            // read.
-            let mut pending = self.lock();
-            pending.answers.extend(batch.answers.iter().filter(|out| again.contains(&out.stream)).cloned());
-            drop(pending);
-            self.queued.notify_one();
-        }
-        // Past the answers added with their ids, settled above.
-        if let Some(Err(error)) = answered.into_iter().skip(added.len()).find(Result::is_err) {
-            tracing::warn!(error = %error, "failed to answer or to delete the entry from the inbox");
-        }
-        Ok(rest)
+    /// Puts the answers to `streams` back in the queue, to be sent again
+    /// (see [`Answered::settle`]), and wakes the worker to send them.
+    fn answer_again(&self, answers: &[Outgoing], streams: &[String]) {
+        let mut pending = self.lock();
+        pending.answers.extend(answers.iter().filter(|out| streams.contains(&out.stream)).cloned());
+        drop(pending);
+        self.queued.notify_one();
     }
 
     /// Writes `write` now, after what is ready and its job's writes so
@@ -485,67 +416,242 @@ impl EmitQueue {
     pub(crate) async fn write_now(&self, core: &Core, write: Write) -> RedisResult<bool> {
         let key = write.key.clone();
         let batch = Batch { writes: vec![write], ..Batch::default() };
-        let flags: String =
-            self.ordered(core, &key, &scripts::WRITE, write_cmd(core, &self.worker, &batch, &[])).await?;
+        let cmd = write_cmd(core, &[(&self.worker, &batch, &[])]);
+        let flags: String = self.ordered(core, &key, &scripts::WRITE, cmd).await?;
         Ok(written_flags(&flags).next() == Some(true))
     }
 }
 
-/// `write.lua` for `batch`, written by `worker`, with its answers as
-/// `replies`.
-fn write_cmd(core: &Core, worker: &str, batch: &Batch, replies: &[Reply]) -> Cmd {
+/// A worker's part of a pipeline: what its queue had ready, and the ids
+/// it answered with, held until the pipeline is answered (batches reach
+/// Redis in the order they were taken).
+struct Part<'a> {
+    queue: &'a EmitQueue,
+    batch: Batch,
+    answered: tokio::sync::MutexGuard<'a, Answered>,
+}
+
+impl Part<'_> {
+    /// The pipeline was answered, or (`failed`) did not reach Redis: the
+    /// batch goes back to the front of its queue.
+    fn settle(self, failed: bool) {
+        let mut pending = self.queue.lock();
+        pending.in_flight -= 1;
+        if failed {
+            pending.put_back(self.batch);
+        }
+    }
+}
+
+/// Writes what each of `queues` has ready in one pipeline, with one
+/// `write.lua` for all of them whose writes need one (see `flushes`).
+pub(super) async fn send_together(core: &Core, queues: &[Arc<EmitQueue>]) -> RedisResult<()> {
+    let mut parts = Vec::with_capacity(queues.len());
+    for queue in queues {
+        parts.push(queue.part().await);
+    }
+    let result = write(core, &mut parts, &[]).await;
+    let failed = result.is_err();
+    for part in parts {
+        part.settle(failed);
+    }
+    result.map(drop)
+}
+
+/// Writes `parts`, then `then`, in one pipeline: one `write.lua` for the
+/// parts whose writes need it, plain commands for the others' answers
+/// and deletions. Returns the answers to `then`'s commands.
+async fn write(core: &Core, parts: &mut [Part<'_>], then: &[Cmd]) -> RedisResult<Vec<RedisResult<Value>>> {
+    if then.is_empty() && parts.iter().all(|part| part.batch.is_empty()) {
+        return Ok(Vec::new());
+    }
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors();
+    let replies: Vec<Vec<Reply>> = parts.iter().map(|part| replies(&part.batch.answers)).collect();
+    // With doorbells, answers ring with their entries and the id before
+    // them, which only a script knows; but on the streams where a worker
+    // answers dispatches, it picks the ids itself.
+    let scripted: Vec<bool> = parts
+        .iter()
+        .zip(&replies)
+        .map(|(part, replies)| {
+            let worker = &part.queue.worker;
+            let plain = !core.doorbells || replies.iter().all(|reply| core.keys.answered_by(&reply.stream, worker));
+            !part.batch.writes.is_empty() || (!plain && !part.batch.is_empty())
+        })
+        .collect();
+    let script = scripted.contains(&true);
+    if script {
+        pipe.add_command(script_cmd(core, parts, &replies, &scripted));
+    }
+    // Each plain part: its index, the streams of its answers added with
+    // their ids (in the order of their `XADD`s, which open its commands),
+    // and how many commands it sent.
+    let mut plain: Vec<(usize, Vec<&str>, usize)> = Vec::new();
+    for (at, part) in parts.iter_mut().enumerate() {
+        if scripted[at] {
+            // The script picks the ids: the worker's last ones are not
+            // the streams' last any more.
+            part.answered.forget(&replies[at]);
+            continue;
+        }
+        if part.batch.is_empty() {
+            continue;
+        }
+        let (mut added, mut commands) = (Vec::new(), 0);
+        if core.doorbells {
+            part.answered.learn(core, &replies[at]).await?;
+            let (adds, rings) = part.answered.ring(&replies[at]);
+            for (stream, cmd) in adds {
+                added.push(stream);
+                pipe.add_command(cmd);
+            }
+            commands += added.len() + rings.len();
+            for cmd in rings {
+                pipe.add_command(cmd);
+            }
+        } else {
+            for reply in &replies[at] {
+                pipe.add_command(reply_cmd(reply, "*"));
+                commands += 1;
+            }
+        }
+        if !part.batch.deletes.is_empty() {
+            // XDEL, not XTRIM MINID: entries are processed out of order
+            // (calls of different keys finish in any order), and an exact
+            // trim scans the head node of the stream on every call;
+            // deleting an entry is a lookup.
+            let mut cmd = redis::cmd("XDEL");
+            cmd.arg(core.keys.inbox(&part.queue.worker)).arg(&part.batch.deletes);
+            pipe.add_command(cmd);
+            commands += 1;
+        }
+        plain.push((at, added, commands));
+    }
+    for cmd in then {
+        pipe.add_command(cmd.clone());
+    }
+    let mut conn = core.conn.clone();
+    let mut answered: Vec<RedisResult<Value>> = pipe.query_async(&mut conn).await?;
+    let rest = answered.split_off(answered.len() - then.len());
+    let mut answered = answered.into_iter();
+    if script {
+        let reply: RedisResult<String> = match answered.next() {
+            // Redis forgot its scripts since the worker loaded them (a
+            // restart, `SCRIPT FLUSH`): the script wrote nothing, and is
+            // sent again, now after the rest of the pipeline.
+            Some(Err(error)) if scripts::is_unknown_script(&error) => {
+                let cmd = script_cmd(core, parts, &replies, &scripted);
+                scripts::query(&scripts::WRITE, &cmd, &mut conn).await
+            }
+            Some(other) => other.and_then(|value| Ok(redis::from_redis_value(value)?)),
+            None => unreachable!("one script sent, one answer"),
+        };
+        // The script's flags, a part's after another's, in order.
+        let mut at = 0;
+        for (part, _) in parts.iter().zip(&scripted).filter(|(_, scripted)| **scripted) {
+            let items = part.batch.writes.len();
+            let flags = reply.as_deref().map(|flags: &str| flags.get(at..at + items).unwrap_or_default());
+            written(core, &part.batch.writes, flags);
+            at += items;
+        }
+    }
+    for (at, added, commands) in plain {
+        let theirs: Vec<RedisResult<Value>> = answered.by_ref().take(commands).collect();
+        let part = &mut parts[at];
+        let again = part.answered.settle(&added, &theirs);
+        if !again.is_empty() {
+            // Not added (another writer took the id, or the slot was
+            // moving): the stream's answers go again, after its last id
+            // is read.
+            part.queue.answer_again(&part.batch.answers, &again);
+        }
+        // Past the answers added with their ids, settled above.
+        if let Some(Err(error)) = theirs.into_iter().skip(added.len()).find(Result::is_err) {
+            tracing::warn!(error = %error, "failed to answer or to delete the entry from the inbox");
+        }
+    }
+    Ok(rest)
+}
+
+/// The `write.lua` of the parts of `parts` that are `scripted`, with
+/// their answers as `replies`.
+fn script_cmd(core: &Core, parts: &[Part<'_>], replies: &[Vec<Reply>], scripted: &[bool]) -> Cmd {
+    let writers: Vec<(&str, &Batch, &[Reply])> = parts
+        .iter()
+        .zip(replies)
+        .zip(scripted)
+        .filter(|(_, scripted)| **scripted)
+        .map(|((part, replies), _)| (part.queue.worker.as_str(), &part.batch, replies.as_slice()))
+        .collect();
+    write_cmd(core, &writers)
+}
+
+/// `write.lua` for `writers`, each a worker with its batch and the answers
+/// of its batch as replies.
+fn write_cmd(core: &Core, writers: &[(&str, &Batch, &[Reply])]) -> Cmd {
     let keys = &core.keys;
     let mut names = vec![
         keys.jobs.clone(),
         keys.events.clone(),
         keys.events_written.clone(),
         keys.events_bytes_earlier.clone(),
-        keys.inbox(worker),
-        keys.worker_jobs(worker),
         keys.events_count.clone(),
     ];
-    for write in &batch.writes {
+    for (worker, _, _) in writers {
+        names.extend([keys.inbox(worker), keys.worker_jobs(worker)]);
+    }
+    let writes = || writers.iter().flat_map(|(_, batch, _)| &batch.writes);
+    for write in writes() {
         match write.what {
             What::Event(_) => {}
             What::State(_) => names.push(keys.record(&write.key)),
             What::Finish => names.extend([keys.record(&write.key), keys.held(&write.key)]),
         }
     }
-    names.extend(replies.iter().map(|reply| reply.stream.clone()));
-    let Cut { entries, counts } = cut(batch, core.options.events_max_bytes);
+    let replies = || writers.iter().flat_map(|(_, _, replies)| replies.iter());
+    names.extend(replies().map(|reply| reply.stream.clone()));
+    let Cut { entries, counts } = cut(writes(), core.options.events_max_bytes);
     let mut cmd = scripts::evalsha(&scripts::WRITE, &names);
     cmd.arg(core.options.events_retention)
         .arg(core.options.events_max_bytes)
-        .arg(worker)
+        .arg(writers.len())
         .arg(REPLIES_KEPT)
-        .arg(batch.writes.len())
-        .arg(replies.len())
+        .arg(writes().count())
+        .arg(replies().count())
         .arg(core.ring())
         .arg(entries.len())
         .arg(&entries)
         .arg(&counts);
+    for (_, batch, _) in writers {
+        cmd.arg(batch.writes.len());
+    }
     // The kinds, left empty when every item is an event (the script then
     // checks none).
-    if batch.writes.iter().all(|write| matches!(write.what, What::Event(_))) {
+    if writes().all(|write| matches!(write.what, What::Event(_))) {
         cmd.arg("");
     } else {
-        cmd.arg(batch.writes.iter().map(|write| write.what.kind()).collect::<String>());
+        cmd.arg(writes().map(|write| write.what.kind()).collect::<String>());
     }
-    for write in &batch.writes {
+    for write in writes() {
         cmd.arg(&write.key);
     }
-    for write in &batch.writes {
-        cmd.arg(format!("running|{worker}|{}|", write.token));
+    for (worker, batch, _) in writers {
+        for write in &batch.writes {
+            cmd.arg(format!("running|{worker}|{}|", write.token));
+        }
     }
-    for write in &batch.writes {
+    for write in writes() {
         if let What::State(payload) = &write.what {
             cmd.arg(payload);
         }
     }
-    for reply in replies {
+    for reply in replies() {
         cmd.arg(reply.name).arg(&reply.payload);
     }
-    cmd.arg(&batch.deletes);
+    for (_, batch, _) in writers {
+        cmd.arg(batch.deletes.len()).arg(&batch.deletes);
+    }
     cmd
 }
 
@@ -563,12 +669,12 @@ struct Cut {
     counts: Vec<usize>,
 }
 
-/// The events of `batch` cut into entries of up to [`EVENTS_PER_ENTRY`]
+/// The events of `writes` cut into entries of up to [`EVENTS_PER_ENTRY`]
 /// events and a sixteenth of `max_bytes` (or one larger event).
-fn cut(batch: &Batch, max_bytes: u64) -> Cut {
+fn cut<'a>(writes: impl Iterator<Item = &'a Write>, max_bytes: u64) -> Cut {
     let step = usize::try_from(max_bytes / 16).unwrap_or(usize::MAX).max(1);
     let mut cut = Cut::default();
-    for write in &batch.writes {
+    for write in writes {
         let What::Event(payload) = &write.what else { continue };
         let size = pulse_rmap::netstring_len(write.key.len()) + pulse_rmap::netstring_len(payload.len());
         let fits = cut
@@ -640,13 +746,14 @@ pub(crate) fn written_flags(flags: &str) -> impl Iterator<Item = bool> + '_ {
     flags.bytes().map(|flag| flag == b'1')
 }
 
-/// Counts and logs the writes of `batch` that were not made.
-fn written(core: &Core, batch: &[Write], reply: RedisResult<String>) {
+/// Counts and logs the writes of `batch` that were not made, from their
+/// flags in `write.lua`'s answer.
+fn written(core: &Core, batch: &[Write], reply: Result<&str, &redis::RedisError>) {
     let events =
         |writes: &[Write]| writes.iter().filter(|write| matches!(write.what, What::Event(_))).count();
     match reply {
         Ok(flags) => {
-            for (write, written) in batch.iter().zip(written_flags(&flags)) {
+            for (write, written) in batch.iter().zip(written_flags(flags)) {
                 if !written {
                     tracing::debug!(job.key = %write.key, token = %write.token, kind = write.what.kind(), "dropped a write: the job is no longer this worker's");
                     if matches!(write.what, What::Event(_)) {
@@ -673,21 +780,21 @@ mod tests {
     #[test]
     fn events_are_cut_into_entries_of_64_and_a_sixteenth_of_the_bound() {
         let state = Write { key: "s".into(), token: "1".into(), what: What::State(b"st".to_vec()) };
-        let writes = vec![event("a", 1), state, event("bb", 0)];
-        let Cut { entries: cut, counts } = super::cut(&Batch { writes, ..Batch::default() }, 1 << 20);
+        let writes = [event("a", 1), state, event("bb", 0)];
+        let Cut { entries: cut, counts } = super::cut(writes.iter(), 1 << 20);
         assert_eq!(cut, [b"1:a,1:x,2:bb,0:,".to_vec()]);
         assert_eq!(counts, [2]);
 
         // 64 to an entry, then a new one.
-        let writes = (0..130).map(|_| event("k", 1)).collect();
-        let Cut { entries: cut, counts } = super::cut(&Batch { writes, ..Batch::default() }, 1 << 20);
+        let writes: Vec<_> = (0..130).map(|_| event("k", 1)).collect();
+        let Cut { entries: cut, counts } = super::cut(writes.iter(), 1 << 20);
         assert_eq!(cut.iter().map(|e| e.len() / 8).collect::<Vec<_>>(), [64, 64, 2]);
         assert_eq!(counts, [64, 64, 2]);
 
         // A sixteenth of 1,600 bytes is 100: two events of 40 share an
         // entry, a third goes to the next; one larger event is alone.
-        let writes = vec![event("k", 40), event("k", 40), event("k", 40), event("k", 200), event("k", 1)];
-        let Cut { entries: cut, counts } = super::cut(&Batch { writes, ..Batch::default() }, 1600);
+        let writes = [event("k", 40), event("k", 40), event("k", 40), event("k", 200), event("k", 1)];
+        let Cut { entries: cut, counts } = super::cut(writes.iter(), 1600);
         assert_eq!(cut.iter().map(Vec::len).collect::<Vec<_>>(), [96, 48, 209, 8]);
         assert_eq!(counts, [2, 1, 1, 1]);
     }

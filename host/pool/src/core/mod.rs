@@ -10,6 +10,7 @@
 //! - `emits`: a worker's writes in its jobs' names (events, states,
 //!   completions), each call's written in one step with its answer.
 //! - `fence`: [`Lease`] and [`WorkerFence`]: when handler calls may run.
+//! - `flushes`: a host's workers of one slot group flush together.
 //! - `membership`: join, release, renew, evict, the pool epoch.
 //! - `routing`: keys to workers over the slot table; assigning queued jobs.
 //! - `replies`: a node's reply streams and the waiters registered on them.
@@ -18,6 +19,7 @@ mod answered;
 mod answers;
 mod emits;
 mod fence;
+mod flushes;
 mod membership;
 mod replies;
 mod routing;
@@ -37,6 +39,7 @@ pub(crate) use answers::{Assigned, Dispatched, Join, Outcome, Routed, protocol};
 pub use emits::CallScope;
 pub(crate) use emits::{EmitQueue, Outgoing, What, Write};
 pub(crate) use fence::{Lease, WorkerFence, tick};
+pub(crate) use flushes::flush;
 pub(crate) use membership::{parse_entry, pool_epoch, pool_layout};
 pub(crate) use replies::{Answer, Waiter, Waiters, WorkerReplies, start as start_replies};
 
@@ -72,6 +75,8 @@ pub(crate) struct Core {
     /// of its many streams carries little, and blocked reads would wake
     /// one by one), so the scripts that add to them ring.
     pub(crate) doorbells: bool,
+    /// The workers' flushes waiting for the one on its way.
+    pub(crate) flushes: flushes::Flushes,
 }
 
 impl Core {
@@ -105,6 +110,7 @@ impl Core {
             tasks: TaskTracker::new(),
             token,
             routing_retries: AtomicU64::new(0),
+            flushes: flushes::Flushes::default(),
         }
     }
 

@@ -8,6 +8,8 @@ use crate::scripts;
 use crate::wire::{self, InboxEvent};
 
 use super::Worker;
+use std::sync::Arc;
+
 use crate::core::{Core, EmitQueue, Outgoing};
 
 impl<H: JobHandler> Worker<H> {
@@ -127,17 +129,25 @@ impl<H: JobHandler> Worker<H> {
 /// a worker with a flush on its way reads no more from its inbox.
 const FLUSH_BACKLOG: usize = 4096;
 
-/// Sends what `emits` holds ready; again when the connection dropped: a
-/// lost answer leaves its caller waiting, and every command may run twice
-/// (a second answer has no waiter; a second XDEL deletes nothing; an event
-/// may be written twice).
-async fn send_ready(emits: &EmitQueue, core: &Core) {
+/// Sends what `emits` holds ready (with the next flush of the worker's
+/// slot group when its jobs wrote, see `core::flushes`); again when the
+/// connection dropped: a lost answer leaves its caller waiting, and every
+/// command may run twice (a second answer has no waiter; a second XDEL
+/// deletes nothing; an event may be written twice).
+async fn send_ready(emits: &Arc<EmitQueue>, core: &Arc<Core>) {
     for wait in [0, 20, 100, 500] {
         if wait > 0 {
             // (A zero sleep would still wait for the timer's next tick.)
             tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
         }
-        match emits.send(core, &[]).await {
+        // Only a flush that runs `write.lua` waits to share one: answers
+        // and deletions alone cost Redis the same, together or not.
+        let sent = if emits.has_writes_ready() {
+            crate::core::flush(core, emits).await
+        } else {
+            emits.send(core, &[]).await.map(drop)
+        };
+        match sent {
             Ok(_) => return,
             Err(error) if error.is_connection_dropped() || error.is_io_error() => {
                 tracing::debug!(error = %error, "the connection dropped while answering; sending again");
