@@ -12,18 +12,25 @@ use tokio::sync::{Notify, Semaphore};
 use crate::{PATIENCE, finish};
 
 /// On `notify`: saves the payload as its state, emits it, and completes
-/// the job when the payload is `complete`; then says it wrote and waits
-/// until the test lets the call return.
+/// the job when the payload is `complete`; then says it wrote (`wrote`
+/// wakes one waiter, `written` counts) and waits until the test lets the
+/// call return.
 #[derive(Clone)]
 struct Writer {
     contexts: Arc<Mutex<HashMap<String, JobContext>>>,
     wrote: Arc<Notify>,
+    written: Arc<Semaphore>,
     gate: Arc<Semaphore>,
 }
 
 impl Default for Writer {
     fn default() -> Self {
-        Self { contexts: Arc::default(), wrote: Arc::default(), gate: Arc::new(Semaphore::new(0)) }
+        Self {
+            contexts: Arc::default(),
+            wrote: Arc::default(),
+            written: Arc::new(Semaphore::new(0)),
+            gate: Arc::new(Semaphore::new(0)),
+        }
     }
 }
 
@@ -46,6 +53,7 @@ impl JobHandler for Writer {
             ctx.complete().await.unwrap();
         }
         self.wrote.notify_one();
+        self.written.add_permits(1);
         self.gate.acquire().await.unwrap().forget();
         Ok(())
     }
@@ -141,4 +149,121 @@ async fn a_call_s_state_events_and_completion_land_with_its_answer_and_not_befor
 
     let node = Arc::into_inner(node).unwrap();
     finish(&pool, &[&node]).await;
+}
+
+/// A host's workers of one slot group flush together: the calls of three
+/// workers that end at once are written by fewer `write.lua` calls than
+/// workers (one each before), and each worker's items keep their own
+/// fence, job set and inbox.
+#[tokio::test]
+async fn calls_of_several_workers_that_end_together_are_written_together() {
+    // A private server: every command it logs is this test's.
+    let server = pulse_testkit::RedisServer::start();
+    let client = pulse_redis::Redis::open(server.url()).unwrap();
+    let pool = "together";
+    let node = pulse_pool::Node::join(&client, pool, crate::options()).await.unwrap();
+    let writer = Writer::default();
+    for _ in 0..3 {
+        node.add_worker(writer.clone()).await.unwrap();
+    }
+    // One job on each worker.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let keys = loop {
+        let mut keys: Vec<(String, String)> = Vec::new();
+        for i in 0..200 {
+            let key = format!("job-{i}");
+            if let Some(worker) = node.owner(&key)
+                && !keys.iter().any(|(_, known)| *known == worker)
+            {
+                keys.push((key, worker));
+            }
+        }
+        if keys.len() == 3 {
+            break keys;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the three workers never all held slots");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    for (key, _) in &keys {
+        node.dispatch(key, b"").await.unwrap();
+    }
+    let node = Arc::new(node);
+    let mut conn = server.connect().await;
+    // From here every command is logged, with its first arguments.
+    for (name, value) in [("slowlog-log-slower-than", "0"), ("slowlog-max-len", "100000")] {
+        let () = redis::cmd("CONFIG").arg("SET").arg(name).arg(value).query_async(&mut conn).await.unwrap();
+    }
+    let () = redis::cmd("SLOWLOG").arg("RESET").query_async(&mut conn).await.unwrap();
+
+    // A call on each worker, all three held until each wrote; the first
+    // completes its job. Then all three end at once.
+    let payloads = ["complete", "two", "three"];
+    let notified: Vec<_> = keys
+        .iter()
+        .zip(payloads)
+        .map(|((key, _), payload)| {
+            let (node, key) = (node.clone(), key.clone());
+            tokio::spawn(async move { node.notify(&key, payload.as_bytes()).await.unwrap() })
+        })
+        .collect();
+    writer.written.acquire_many(3).await.unwrap().forget();
+    writer.gate.add_permits(3);
+    for notified in notified {
+        assert_eq!(notified.await.unwrap(), EventOutcome::Done);
+    }
+
+    // Each worker's writes landed under its own keys.
+    let events = crate::stream_events(&mut conn, &format!("pulse:{{{pool}}}:stream:events")).await;
+    for ((key, worker), payload) in keys.iter().zip(payloads) {
+        let emitted: Vec<&[u8]> = events
+            .iter()
+            .filter(|event| event.topic.as_deref() == Some(key.as_str()))
+            .map(|event| event.payload.as_slice())
+            .collect();
+        assert_eq!(emitted, [payload.as_bytes()], "{key}'s event");
+        let state: Option<Vec<u8>> = redis::cmd("HGET")
+            .arg(format!("pulse:{{{pool}}}:job:{key}"))
+            .arg("state")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let listed: bool = redis::cmd("SISMEMBER")
+            .arg(format!("pulse:{{{pool}}}:worker:{worker}:jobs"))
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let inbox: u64 = redis::cmd("XLEN")
+            .arg(format!("pulse:{{{pool}}}:stream:inbox.{worker}"))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if payload == "complete" {
+            assert_eq!((state, listed), (None, false), "{key} completed: gone from {worker}'s jobs");
+        } else {
+            assert_eq!((state, listed), (Some(payload.as_bytes().to_vec()), true), "{key} saved its state");
+        }
+        assert_eq!(inbox, 0, "{worker}'s processed entries are deleted");
+    }
+
+    // The `write.lua` calls: the only script whose second key is the
+    // events stream.
+    let log: Vec<redis::Value> = redis::cmd("SLOWLOG").arg("GET").arg(-1).query_async(&mut conn).await.unwrap();
+    let events_key = format!("pulse:{{{pool}}}:stream:events");
+    let writes = log
+        .iter()
+        .filter(|entry| {
+            let redis::Value::Array(fields) = entry else { return false };
+            let Some(redis::Value::Array(args)) = fields.get(3) else { return false };
+            let arg = |at: usize| match args.get(at) {
+                Some(redis::Value::BulkString(bytes)) => String::from_utf8_lossy(bytes).into_owned(),
+                _ => String::new(),
+            };
+            arg(0).eq_ignore_ascii_case("evalsha") && arg(4) == events_key
+        })
+        .count();
+    assert!((1..=2).contains(&writes), "{writes} write scripts for the calls of 3 workers that ended together");
+
+    let node = Arc::into_inner(node).unwrap();
+    node.close().await;
 }
