@@ -476,7 +476,8 @@ async fn write(core: &Core, parts: &mut [Part<'_>], then: &[Cmd]) -> RedisResult
         .zip(&replies)
         .map(|(part, replies)| {
             let worker = &part.queue.worker;
-            let plain = !core.doorbells || replies.iter().all(|reply| core.keys.answered_by(&reply.stream, worker));
+            let plain =
+                !core.doorbells || replies.iter().all(|reply| core.keys.answered_by(&reply.stream, worker));
             !part.batch.writes.is_empty() || (!plain && !part.batch.is_empty())
         })
         .collect();
