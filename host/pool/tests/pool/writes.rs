@@ -65,20 +65,25 @@ type Held = (Option<Vec<u8>>, Vec<Vec<u8>>, bool);
 
 /// What Redis holds of job `key` of pool `pool`.
 async fn held(pool: &str, key: &str) -> Held {
-    let mut conn = pulse_testkit::connect(pulse_testkit::shared_redis_url()).await;
+    held_in(&mut pulse_testkit::connect(pulse_testkit::shared_redis_url()).await, pool, key).await
+}
+
+/// What the server behind `conn` holds of job `key` of pool `pool`.
+async fn held_in(conn: &mut redis::aio::MultiplexedConnection, pool: &str, key: &str) -> Held {
     let state: Option<Vec<u8>> = redis::cmd("HGET")
         .arg(format!("pulse:{{{pool}}}:job:{key}"))
         .arg("state")
-        .query_async(&mut conn)
+        .query_async(conn)
         .await
         .unwrap();
-    let emitted = crate::emitted_by(pool, key).await;
-    let listed: bool = redis::cmd("HEXISTS")
-        .arg(format!("pulse:{{{pool}}}:jobs"))
-        .arg(key)
-        .query_async(&mut conn)
+    let emitted = crate::stream_events(conn, &format!("pulse:{{{pool}}}:stream:events"))
         .await
-        .unwrap();
+        .into_iter()
+        .filter(|event| event.topic.as_deref() == Some(key))
+        .map(|event| event.payload)
+        .collect();
+    let listed: bool =
+        redis::cmd("HEXISTS").arg(format!("pulse:{{{pool}}}:jobs")).arg(key).query_async(conn).await.unwrap();
     (state, emitted, listed)
 }
 
@@ -213,21 +218,10 @@ async fn calls_of_several_workers_that_end_together_are_written_together() {
     }
 
     // Each worker's writes landed under its own keys.
-    let events = crate::stream_events(&mut conn, &format!("pulse:{{{pool}}}:stream:events")).await;
     for ((key, worker), payload) in keys.iter().zip(payloads) {
-        let emitted: Vec<&[u8]> = events
-            .iter()
-            .filter(|event| event.topic.as_deref() == Some(key.as_str()))
-            .map(|event| event.payload.as_slice())
-            .collect();
+        let (state, emitted, listed) = held_in(&mut conn, pool, key).await;
         assert_eq!(emitted, [payload.as_bytes()], "{key}'s event");
-        let state: Option<Vec<u8>> = redis::cmd("HGET")
-            .arg(format!("pulse:{{{pool}}}:job:{key}"))
-            .arg("state")
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        let listed: bool = redis::cmd("SISMEMBER")
+        let in_job_set: bool = redis::cmd("SISMEMBER")
             .arg(format!("pulse:{{{pool}}}:worker:{worker}:jobs"))
             .arg(key)
             .query_async(&mut conn)
@@ -239,16 +233,22 @@ async fn calls_of_several_workers_that_end_together_are_written_together() {
             .await
             .unwrap();
         if payload == "complete" {
-            assert_eq!((state, listed), (None, false), "{key} completed: gone from {worker}'s jobs");
+            assert_eq!(
+                (state, listed, in_job_set),
+                (None, false, false),
+                "{key} completed: gone from {worker}'s jobs"
+            );
         } else {
-            assert_eq!((state, listed), (Some(payload.as_bytes().to_vec()), true), "{key} saved its state");
+            let saved = Some(payload.as_bytes().to_vec());
+            assert_eq!((state, listed, in_job_set), (saved, true, true), "{key} saved its state");
         }
         assert_eq!(inbox, 0, "{worker}'s processed entries are deleted");
     }
 
     // The `write.lua` calls: the only script whose second key is the
     // events stream.
-    let log: Vec<redis::Value> = redis::cmd("SLOWLOG").arg("GET").arg(-1).query_async(&mut conn).await.unwrap();
+    let log: Vec<redis::Value> =
+        redis::cmd("SLOWLOG").arg("GET").arg(-1).query_async(&mut conn).await.unwrap();
     let events_key = format!("pulse:{{{pool}}}:stream:events");
     let writes = log
         .iter()
@@ -262,7 +262,10 @@ async fn calls_of_several_workers_that_end_together_are_written_together() {
             arg(0).eq_ignore_ascii_case("evalsha") && arg(4) == events_key
         })
         .count();
-    assert!((1..=2).contains(&writes), "{writes} write scripts for the calls of 3 workers that ended together");
+    assert!(
+        (1..=2).contains(&writes),
+        "{writes} write scripts for the calls of 3 workers that ended together"
+    );
 
     let node = Arc::into_inner(node).unwrap();
     node.close().await;
