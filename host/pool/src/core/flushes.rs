@@ -2,8 +2,8 @@
 //! group is on its way, the workers whose jobs' writes are ready wait, and
 //! the next flush takes all of them, in one pipeline with one `write.lua`
 //! for their writes (see `core::emits`). A flush of answers and deletions
-//! alone does not come here: those plain commands cost Redis the same
-//! together or apart.
+//! alone goes at once, on its own: those plain commands cost Redis the
+//! same together or apart.
 //!
 //! Why: most of a `write.lua` call's cost does not depend on how many
 //! items it carries (callgrind: about 100k of the 157k instructions of a
@@ -44,9 +44,14 @@ impl Flushes {
     }
 }
 
-/// Sends what `queue` has ready with the next flush of `core`'s slot group
-/// (at once when none is on its way): whether it reached Redis.
+/// Sends what `queue` has ready: with the next flush of `core`'s slot group
+/// (at once when none is on its way) when its jobs wrote, alone otherwise;
+/// whether it reached Redis.
 pub(crate) async fn flush(core: &Arc<Core>, queue: &Arc<EmitQueue>) -> RedisResult<()> {
+    if !queue.has_writes_ready() {
+        // Answers and deletions alone cost Redis the same, together or not.
+        return queue.send(core, &[]).await.map(drop);
+    }
     let (answer, answered) = oneshot::channel();
     let start = {
         let mut flushes = core.flushes.lock();

@@ -130,7 +130,7 @@ impl<H: JobHandler> Worker<H> {
 const FLUSH_BACKLOG: usize = 4096;
 
 /// Sends what `emits` holds ready (with the next flush of the worker's
-/// slot group when its jobs wrote, see `core::flushes`); again when the
+/// slot group when its jobs wrote, see `core::flushes::flush`); again when the
 /// connection dropped: a lost answer leaves its caller waiting, and every
 /// command may run twice (a second answer has no waiter; a second XDEL
 /// deletes nothing; an event may be written twice).
@@ -140,14 +140,7 @@ async fn send_ready(emits: &Arc<EmitQueue>, core: &Arc<Core>) {
             // (A zero sleep would still wait for the timer's next tick.)
             tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
         }
-        // Only a flush that runs `write.lua` waits to share one: answers
-        // and deletions alone cost Redis the same, together or not.
-        let sent = if emits.has_writes_ready() {
-            crate::core::flush(core, emits).await
-        } else {
-            emits.send(core, &[]).await.map(drop)
-        };
-        match sent {
+        match crate::core::flush(core, emits).await {
             Ok(_) => return,
             Err(error) if error.is_connection_dropped() || error.is_io_error() => {
                 tracing::debug!(error = %error, "the connection dropped while answering; sending again");
