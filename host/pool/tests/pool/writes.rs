@@ -7,18 +7,16 @@ use std::sync::{Arc, Mutex};
 
 use pulse_pool::{EventOutcome, HandlerError, Job, JobContext, JobHandler};
 use pulse_testkit::unique;
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::Semaphore;
 
 use crate::{PATIENCE, finish};
 
 /// On `notify`: saves the payload as its state, emits it, and completes
-/// the job when the payload is `complete`; then says it wrote (`wrote`
-/// wakes one waiter, `written` counts) and waits until the test lets the
-/// call return.
+/// the job when the payload is `complete`; then says it wrote (a permit of
+/// `written`) and waits until the test lets the call return.
 #[derive(Clone)]
 struct Writer {
     contexts: Arc<Mutex<HashMap<String, JobContext>>>,
-    wrote: Arc<Notify>,
     written: Arc<Semaphore>,
     gate: Arc<Semaphore>,
 }
@@ -27,7 +25,6 @@ impl Default for Writer {
     fn default() -> Self {
         Self {
             contexts: Arc::default(),
-            wrote: Arc::default(),
             written: Arc::new(Semaphore::new(0)),
             gate: Arc::new(Semaphore::new(0)),
         }
@@ -52,7 +49,6 @@ impl JobHandler for Writer {
         if payload == b"complete" {
             ctx.complete().await.unwrap();
         }
-        self.wrote.notify_one();
         self.written.add_permits(1);
         self.gate.acquire().await.unwrap().forget();
         Ok(())
@@ -115,7 +111,7 @@ async fn a_call_s_state_events_and_completion_land_with_its_answer_and_not_befor
         let node = node.clone();
         async move { node.notify("w", b"one").await.unwrap() }
     });
-    writer.wrote.notified().await;
+    writer.written.acquire().await.unwrap().forget();
     node.dispatch("other", b"").await.unwrap();
     assert_eq!(held(&pool, "w").await, (None, vec![], true), "written before the call ended");
 
@@ -129,7 +125,7 @@ async fn a_call_s_state_events_and_completion_land_with_its_answer_and_not_befor
         let node = node.clone();
         async move { node.notify("w", b"complete").await.unwrap() }
     });
-    writer.wrote.notified().await;
+    writer.written.acquire().await.unwrap().forget();
     assert_eq!(held(&pool, "w").await, (Some(b"one".to_vec()), vec![b"one".to_vec()], true));
     writer.gate.add_permits(1);
     assert_eq!(notified.await.unwrap(), EventOutcome::Done);
