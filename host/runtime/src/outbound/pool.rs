@@ -73,15 +73,20 @@ pub(crate) struct Connections {
 
 impl std::fmt::Debug for Connections {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let kept = self.lock();
-        let idle: usize = kept.idle.values().map(Vec::len).sum();
-        f.debug_struct("Connections").field("idle", &idle).field("shared", &kept.shared.len()).finish()
+        let shared = self.lock().shared.len();
+        f.debug_struct("Connections").field("idle", &self.idle()).field("shared", &shared).finish()
     }
 }
 
 impl Connections {
     fn lock(&self) -> std::sync::MutexGuard<'_, Kept> {
         self.kept.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// How many HTTP/1.1 connections wait for a request, over every
+    /// destination.
+    pub(crate) fn idle(&self) -> usize {
+        self.lock().idle.values().map(Vec::len).sum()
     }
 
     /// An open connection to `to` that can take a request, if there is

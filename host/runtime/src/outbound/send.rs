@@ -10,6 +10,7 @@
 
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
@@ -160,7 +161,6 @@ pub(super) async fn send(
     {
         return Err(too_large());
     }
-    let mut request = request.map(|body| LimitedBody { body, left: limit, limit }.boxed_unsync());
     let uri = request.uri().clone();
     let authority = uri.authority().ok_or(HttpError::HttpRequestUriInvalid)?;
     let https = uri.scheme() == Some(&http::uri::Scheme::HTTPS);
@@ -176,6 +176,10 @@ pub(super) async fn send(
         Some(idle) => (idle, true),
         None => (connect(&to, tls, bounds.connect).await?, false),
     };
+    let mut again = if reused { Again::of(&request, matches!(sender, Sender::Http1(_))) } else { None };
+    let ended_empty = again.as_ref().map(|again| again.ended_empty.clone());
+    let mut request =
+        request.map(|body| LimitedBody { body, left: limit, limit, ended_empty, data: false }.boxed_unsync());
     loop {
         // Checked again just before the request is written: connecting may
         // have spanned a freeze of the process after which the job runs
@@ -210,9 +214,100 @@ pub(super) async fn send(
                     sender = connect(&to, tls, bounds.connect).await?;
                     reused = false;
                 }
+                // Written on a kept connection that the server closed as
+                // the request arrived: an idempotent request with an
+                // empty body is made again from its head ([`Again`]).
+                None if reused && again.as_ref().is_some_and(|again| again.applies(error.error())) => {
+                    request = again.take().expect("checked just above").request();
+                    sender = connect(&to, tls, bounds.connect).await?;
+                    reused = false;
+                }
                 _ => return Err(request_error(error.into_error(), limit)),
             },
         }
+    }
+}
+
+/// The head of a request sent on a kept connection, kept so that the
+/// request can be made again if the server closes that connection under
+/// it.
+///
+/// A server closes an idle connection when its keep-alive runs out; a
+/// request written in the moment before the client saw the close fails
+/// without an answer (the server never read it, or read it and closed).
+/// As browsers and Go's client do, such a request is sent once more on a
+/// new connection, but only when sending it twice cannot do anything
+/// twice: its method is idempotent (RFC 9110 §9.2.2: `GET`, `HEAD`,
+/// `OPTIONS`, `TRACE`, `PUT`, `DELETE`) or it carries an
+/// `Idempotency-Key`, and its body ended without a byte, so the head alone
+/// makes it again. A `POST` (a write to a fenced service, say) fails
+/// instead, and its plugin decides.
+struct Again {
+    method: http::Method,
+    uri: http::Uri,
+    version: http::Version,
+    headers: http::HeaderMap,
+    /// Set once the body ended without a byte (at once for a body known
+    /// to be empty): until then the request cannot be made again.
+    ended_empty: Arc<AtomicBool>,
+}
+
+impl Again {
+    /// The head of `request`, to be sent over HTTP/1.1 (`http1`) or
+    /// HTTP/2, if it is one that may be sent twice.
+    fn of(request: &http::Request<WasiBody>, http1: bool) -> Option<Self> {
+        use http::{Method, header};
+        let method = request.method();
+        let headers = request.headers();
+        let idempotent =
+            [Method::GET, Method::HEAD, Method::OPTIONS, Method::TRACE, Method::PUT, Method::DELETE]
+                .contains(method)
+                || headers.contains_key("idempotency-key");
+        let body = request.body();
+        // Over HTTP/1.1 hyper sends a `GET` or `HEAD` whose length neither
+        // a header nor the body declares without a body at all.
+        let bodiless = http1
+            && (method == Method::GET || method == Method::HEAD)
+            && !headers.contains_key(header::CONTENT_LENGTH)
+            && !headers.contains_key(header::TRANSFER_ENCODING)
+            && http_body::Body::size_hint(body).exact().is_none_or(|length| length == 0);
+        idempotent.then(|| Self {
+            method: method.clone(),
+            uri: request.uri().clone(),
+            version: request.version(),
+            headers: headers.clone(),
+            ended_empty: Arc::new(AtomicBool::new(bodiless || http_body::Body::is_end_stream(body))),
+        })
+    }
+
+    /// Whether `error`, of this request written on a kept connection, is
+    /// the connection closing under it, and the request can be made again.
+    fn applies(&self, error: &hyper::Error) -> bool {
+        use std::io::ErrorKind;
+        let closed = error.is_incomplete_message()
+            || std::error::Error::source(error)
+                .and_then(|source| source.downcast_ref::<std::io::Error>())
+                .is_some_and(|error| {
+                    matches!(
+                        error.kind(),
+                        ErrorKind::ConnectionReset
+                            | ErrorKind::ConnectionAborted
+                            | ErrorKind::BrokenPipe
+                            | ErrorKind::UnexpectedEof
+                    )
+                });
+        closed && self.ended_empty.load(Ordering::Acquire)
+    }
+
+    /// The request again, with an empty body.
+    fn request(self) -> http::Request<RequestBody> {
+        let body = http_body_util::Empty::new().map_err(|never| match never {}).boxed_unsync();
+        let mut request = http::Request::new(body);
+        *request.method_mut() = self.method;
+        *request.uri_mut() = self.uri;
+        *request.version_mut() = self.version;
+        *request.headers_mut() = self.headers;
+        request
     }
 }
 
@@ -310,6 +405,11 @@ struct LimitedBody {
     body: WasiBody,
     left: u64,
     limit: u64,
+    /// Where a request that may be sent again ([`Again`]) learns that
+    /// its body ended without a byte.
+    ended_empty: Option<Arc<AtomicBool>>,
+    /// Whether a data or trailers frame went out.
+    data: bool,
 }
 
 impl http_body::Body for LimitedBody {
@@ -321,13 +421,22 @@ impl http_body::Body for LimitedBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Bytes>, HttpError>>> {
         let frame = ready!(Pin::new(&mut self.body).poll_frame(cx));
-        if let Some(Ok(frame)) = &frame {
-            let size = frame.data_ref().map_or(0, |data| data.len() as u64);
-            if size > self.left {
-                self.left = 0;
-                return Poll::Ready(Some(Err(HttpError::HttpRequestBodySize(Some(self.limit)))));
+        match &frame {
+            Some(Ok(frame)) => {
+                let size = frame.data_ref().map_or(0, |data| data.len() as u64);
+                if size > self.left {
+                    self.left = 0;
+                    return Poll::Ready(Some(Err(HttpError::HttpRequestBodySize(Some(self.limit)))));
+                }
+                self.left -= size;
+                self.data |= size > 0 || frame.is_trailers();
             }
-            self.left -= size;
+            None if !self.data => {
+                if let Some(ended_empty) = &self.ended_empty {
+                    ended_empty.store(true, Ordering::Release);
+                }
+            }
+            _ => {}
         }
         Poll::Ready(frame)
     }
@@ -495,6 +604,135 @@ mod tests {
             sent.err().map(|e| e.to_string())
         );
         assert!(received < 5 * 1024, "the whole body reached the server: {received} bytes");
+    }
+
+    /// A server whose keep-alive runs out as a request arrives: it
+    /// answers the first request of each connection (`ok`, keeping the
+    /// connection), and reads the second and closes the connection
+    /// without an answer. Lists each request it read as its connection's
+    /// number and its request line.
+    async fn closing_server() -> (std::net::SocketAddr, Arc<std::sync::Mutex<Vec<(usize, String)>>>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let read = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = read.clone();
+        tokio::spawn(async move {
+            for number in 0.. {
+                let (connection, _) = listener.accept().await.unwrap();
+                let log = log.clone();
+                tokio::spawn(async move {
+                    let mut connection = tokio::io::BufReader::new(connection);
+                    for answered in [true, false] {
+                        let Some(line) = read_request(&mut connection).await else { return };
+                        log.lock().unwrap().push((number, line));
+                        if answered {
+                            let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                            tokio::io::AsyncWriteExt::write_all(&mut connection, answer).await.unwrap();
+                        }
+                    }
+                });
+            }
+        });
+        (address, read)
+    }
+
+    /// Reads a request's head and its (chunked or absent) body; returns
+    /// its request line, or `None` when the connection closed first.
+    async fn read_request(connection: &mut tokio::io::BufReader<TcpStream>) -> Option<String> {
+        use tokio::io::AsyncBufReadExt as _;
+        let mut head = Vec::new();
+        loop {
+            let mut line = String::new();
+            if connection.read_line(&mut line).await.ok()? == 0 {
+                return None;
+            }
+            if line == "\r\n" {
+                break;
+            }
+            head.push(line.trim_end().to_owned());
+        }
+        if head.iter().any(|line| line.eq_ignore_ascii_case("transfer-encoding: chunked")) {
+            // Up to the empty line after the last chunk (the bodies here
+            // hold no empty line of their own).
+            let mut end = String::new();
+            while end != "\r\n" {
+                end.clear();
+                connection.read_line(&mut end).await.ok()?;
+            }
+        }
+        head.into_iter().next()
+    }
+
+    fn request(
+        method: &str,
+        address: std::net::SocketAddr,
+        path: &str,
+        body: WasiBody,
+    ) -> http::Request<WasiBody> {
+        http::Request::builder().method(method).uri(format!("http://{address}{path}")).body(body).unwrap()
+    }
+
+    /// Sends `request`, reads its answer's body, and waits until its
+    /// connection is kept for the next request.
+    async fn answered(request: http::Request<WasiBody>, connections: &Arc<Connections>) -> String {
+        let (response, _) = send(request, bounds(1024), &OutboundTls::default(), connections).await.unwrap();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while connections.idle() == 0 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await
+        .expect("the connection kept within 10 s");
+        String::from_utf8_lossy(&body).into_owned()
+    }
+
+    #[tokio::test]
+    async fn an_idempotent_request_whose_kept_connection_the_server_closed_under_it_is_sent_again_on_a_new_one()
+     {
+        let (address, read) = closing_server().await;
+        let connections = Arc::default();
+        let empty = || http_body_util::Empty::new().map_err(|never| match never {}).boxed_unsync();
+        assert_eq!(answered(request("GET", address, "/first", empty()), &connections).await, "ok");
+        // Each request is its kept connection's second: the server reads
+        // it and closes, and it is answered on the next connection. Their
+        // bodies: one that ends without a byte once read (as a guest's
+        // finished empty body does; sent chunked, but a `GET` goes without
+        // one), and one known to be empty.
+        let requests =
+            [("DELETE", Frames(0).boxed_unsync()), ("GET", Frames(0).boxed_unsync()), ("GET", empty())];
+        for (number, (method, body)) in requests.into_iter().enumerate() {
+            let again = request(method, address, &format!("/again/{number}"), body);
+            assert_eq!(answered(again, &connections).await, "ok", "sent again on a new connection");
+        }
+        let read = read.lock().unwrap().clone();
+        let expected = [
+            (0, "GET /first HTTP/1.1"),
+            (0, "DELETE /again/0 HTTP/1.1"),
+            (1, "DELETE /again/0 HTTP/1.1"),
+            (1, "GET /again/1 HTTP/1.1"),
+            (2, "GET /again/1 HTTP/1.1"),
+            (2, "GET /again/2 HTTP/1.1"),
+            (3, "GET /again/2 HTTP/1.1"),
+        ];
+        assert_eq!(read, expected.map(|(number, line)| (number, line.to_owned())));
+    }
+
+    #[tokio::test]
+    async fn a_post_whose_kept_connection_the_server_closed_under_it_fails_and_is_not_sent_again() {
+        let (address, read) = closing_server().await;
+        let connections = Arc::default();
+        let empty = || http_body_util::Empty::new().map_err(|never| match never {}).boxed_unsync();
+        assert_eq!(answered(request("GET", address, "/first", empty()), &connections).await, "ok");
+        let post = request("POST", address, "/write", Frames(1).boxed_unsync());
+        let sent = send(post, bounds(4096), &OutboundTls::default(), &connections).await;
+        assert!(sent.is_err(), "the server closed the connection without answering");
+        // The next request opens the second connection: nothing was sent
+        // there before it.
+        assert_eq!(answered(request("GET", address, "/next", empty()), &connections).await, "ok");
+        let read = read.lock().unwrap().clone();
+        let expected = [(0, "GET /first HTTP/1.1"), (0, "POST /write HTTP/1.1"), (1, "GET /next HTTP/1.1")];
+        assert_eq!(read, expected.map(|(number, line)| (number, line.to_owned())));
     }
 
     #[tokio::test]
