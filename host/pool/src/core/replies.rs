@@ -214,20 +214,37 @@ async fn open(core: &Arc<Core>, name: &str, worker: Option<&str>) -> Result<Stri
         async move {
             let mut refresh = tokio::time::interval(REPLY_STREAM_TTL / 4);
             refresh.tick().await;
+            // Once the worker has left the pool, nobody answers on its
+            // stream any more: it goes as the workers' listing changes,
+            // not an hour later by its TTL.
+            let left = async {
+                match &worker {
+                    Some(worker) => {
+                        if !core.workers.wait_until(Duration::MAX, |workers| workers.get(worker).is_none()).await {
+                            // The listing closed with the worker in it:
+                            // the node is closing, and removes its streams.
+                            std::future::pending::<()>().await;
+                        }
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::pin!(left);
             loop {
                 tokio::select! {
                     biased;
                     () = token.cancelled() => break,
+                    () = &mut left => {
+                        if let Some(worker) = &worker {
+                            core.worker_replies.lock().remove(worker);
+                        }
+                        let mut conn = core.conn.clone();
+                        let _: redis::RedisResult<()> =
+                            redis::cmd("DEL").arg(&stream_key).exec_async(&mut conn).await;
+                        break;
+                    }
                     _ = refresh.tick() => {
                         let mut conn = core.conn.clone();
-                        if let Some(worker) = &worker && core.workers.get(worker).is_none() {
-                            // The worker left (up to a refresh ago): nobody
-                            // answers here any more.
-                            core.worker_replies.lock().remove(worker);
-                            let _: redis::RedisResult<()> =
-                                redis::cmd("DEL").arg(&stream_key).exec_async(&mut conn).await;
-                            break;
-                        }
                         let ttl = u64::try_from(REPLY_STREAM_TTL.as_millis()).unwrap_or(u64::MAX);
                         let _: redis::RedisResult<()> = redis::cmd("PEXPIRE")
                             .arg(&stream_key).arg(ttl).exec_async(&mut conn).await;

@@ -310,6 +310,64 @@ async fn on_a_cluster_a_worker_answers_dispatches_without_a_script() {
     assert!(left.is_empty(), "reply streams left: {left:?}");
 }
 
+/// The streams where a worker answered a node's dispatches go, with their
+/// readers, once the worker has left the pool: the other worker's stay,
+/// and dispatches go on to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_streams_where_a_worker_answered_go_when_it_leaves() {
+    pulse_testkit::init_tracing();
+    let cluster = RedisCluster::start(3, 0);
+    let redis = pulse_redis::Redis::open(&cluster.url()).unwrap();
+    let pool = pulse_testkit::unique("replies-left");
+    let calls = Calls::default();
+    let node = Node::join(&redis, &pool, NodeOptions { slot_groups: 2, ..options() }).await.unwrap();
+    let leaving = node.add_worker(Recording::new(&calls)).await.unwrap();
+    let staying = node.add_worker(Recording::new(&calls)).await.unwrap();
+    let mut conn = redis.shared().await.unwrap();
+    // The worker's streams (one per group it answered in) that exist.
+    let streams = async |conn: &mut pulse_redis::Shared, worker: &str| {
+        let mut found = Vec::new();
+        for group in 0..2 {
+            let tag = pulse_pool::group_tag(&pool, group, 2);
+            let stream = format!("pulse:{{{tag}}}:stream:replies.{}.{worker}", node.id());
+            let exists: bool = redis::cmd("EXISTS").arg(&stream).query_async(conn).await.unwrap();
+            if exists {
+                found.push(stream);
+            }
+        }
+        found
+    };
+    let mut keys = Vec::new();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while streams(&mut conn, &leaving).await.is_empty() || streams(&mut conn, &staying).await.is_empty() {
+        assert!(tokio::time::Instant::now() < deadline, "{} jobs did not reach both workers", keys.len());
+        let key = format!("before-{}", keys.len());
+        assert_eq!(node.dispatch(&key, b"").await.unwrap(), DispatchOutcome::Started, "{key}");
+        keys.push(key);
+    }
+    let kept = streams(&mut conn, &staying).await;
+
+    node.remove_worker(&leaving).await.unwrap();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let left = streams(&mut conn, &leaving).await;
+        if left.is_empty() {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "still there after the worker left: {left:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(streams(&mut conn, &staying).await, kept, "the staying worker's streams");
+    // (The leaving worker's jobs moved to the other one and started
+    // there again.)
+    let after: Vec<String> = (0..20).map(|i| format!("after-{i}")).collect();
+    for key in &after {
+        assert_eq!(node.dispatch(key, b"").await.unwrap(), DispatchOutcome::Started, "{key}");
+    }
+    assert!(started_once(&calls, &after), "a job started twice or not at all: {:?}", calls.all());
+    node.close().await;
+}
+
 /// A master serving some of a grouped pool's slot groups is killed and
 /// its replica promoted while jobs are dispatched to every group.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
