@@ -53,7 +53,7 @@ use crate::{scripts, wire};
 
 /// Payload bytes a worker's queue holds, at most, before a write is sent
 /// at once with everything queued.
-const QUEUE_BYTES: usize = 4 << 20;
+pub(super) const QUEUE_BYTES: usize = 4 << 20;
 
 /// Entries kept in a node's reply stream (approximately): answers older
 /// than that have no waiter any more.
@@ -328,6 +328,11 @@ impl EmitQueue {
     /// Whether something waits to be sent.
     pub(crate) fn has_ready(&self) -> bool {
         self.lock().has_sealed()
+    }
+
+    /// The payload bytes of the writes it holds, ready or not.
+    pub(super) fn bytes(&self) -> usize {
+        self.lock().bytes
     }
 
     /// Whether writes of its jobs wait to be sent (not only answers and

@@ -18,6 +18,11 @@
 //! sending locks until it is answered), and each item is still fenced by
 //! its job's token and worker in the script.
 //!
+//! A flush takes the waiting queues until their writes come to a worker
+//! queue's bound ([`QUEUE_BYTES`] of payload; always the first queue):
+//! one script is no longer than a worker's own flush could be, so it
+//! holds Redis no longer either. The others go with the next flush.
+//!
 //! The flushes are sent by a task of their own, never by a worker's
 //! future, as the dispatch lanes are (`node::lanes`).
 
@@ -27,7 +32,7 @@ use redis::RedisResult;
 use tokio::sync::oneshot;
 
 use super::Core;
-use super::emits::{EmitQueue, send_together};
+use super::emits::{EmitQueue, QUEUE_BYTES, send_together};
 
 /// A worker's queue waiting for the next flush, and where its outcome goes.
 type Waiting = (Arc<EmitQueue>, oneshot::Sender<RedisResult<()>>);
@@ -77,7 +82,7 @@ pub(crate) async fn flush(core: &Arc<Core>, queue: &Arc<EmitQueue>) -> RedisResu
 /// Sends the waiting queues, a flush at a time, until none wait.
 async fn send(core: Arc<Core>) {
     loop {
-        let waiting = {
+        let mut waiting = {
             let mut flushes = core.flushes.lock();
             match &mut *flushes {
                 Some(waiting) if !waiting.is_empty() => std::mem::take(waiting),
@@ -87,6 +92,16 @@ async fn send(core: Arc<Core>) {
                 }
             }
         };
+        // Sized with the lane unlocked: a queue's size takes its own lock.
+        let next = waiting.split_off(taken(&waiting, QUEUE_BYTES));
+        if !next.is_empty() {
+            // Still `Some`: only this task sets it to `None`. The queues
+            // left go first, before those that came meanwhile.
+            if let Some(waiting) = &mut *core.flushes.lock() {
+                let arrived = std::mem::replace(waiting, next);
+                waiting.extend(arrived);
+            }
+        }
         // A queue is in a flush once: its sending lock is taken once.
         let mut queues: Vec<Arc<EmitQueue>> = Vec::with_capacity(waiting.len());
         for (queue, _) in &waiting {
@@ -99,4 +114,18 @@ async fn send(core: Arc<Core>) {
             let _ = answer.send(result.clone());
         }
     }
+}
+
+/// How many of the first `waiting` queues one flush takes: while their
+/// writes come to at most `bytes` together, and always the first.
+fn taken(waiting: &[Waiting], bytes: usize) -> usize {
+    let mut total = 0;
+    waiting
+        .iter()
+        .take_while(|(queue, _)| {
+            total += queue.bytes();
+            total <= bytes
+        })
+        .count()
+        .max(1)
 }
