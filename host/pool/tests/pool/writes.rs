@@ -12,7 +12,7 @@ use tokio::sync::Semaphore;
 use crate::{PATIENCE, finish};
 
 /// On `notify`: saves the payload as its state, emits it, and completes
-/// the job when the payload is `complete`; then says it wrote (a permit of
+/// the job when the payload starts with `complete`; then says it wrote (a permit of
 /// `written`) and waits until the test lets the call return.
 #[derive(Clone)]
 struct Writer {

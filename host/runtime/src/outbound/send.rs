@@ -179,7 +179,7 @@ pub(super) async fn send(
     let mut again = if reused { Again::of(&request, matches!(sender, Sender::Http1(_))) } else { None };
     let ended_empty = again.as_ref().map(|again| again.ended_empty.clone());
     let mut request =
-        request.map(|body| LimitedBody { body, left: limit, limit, ended_empty, data: false }.boxed_unsync());
+        request.map(|body| LimitedBody { body, left: limit, limit, ended_empty }.boxed_unsync());
     loop {
         // Checked again just before the request is written: connecting may
         // have spanned a freeze of the process after which the job runs
@@ -301,14 +301,18 @@ impl Again {
 
     /// The request again, with an empty body.
     fn request(self) -> http::Request<RequestBody> {
-        let body = http_body_util::Empty::new().map_err(|never| match never {}).boxed_unsync();
-        let mut request = http::Request::new(body);
+        let mut request = http::Request::new(empty_body());
         *request.method_mut() = self.method;
         *request.uri_mut() = self.uri;
         *request.version_mut() = self.version;
         *request.headers_mut() = self.headers;
         request
     }
+}
+
+/// A body without a byte.
+fn empty_body() -> RequestBody {
+    http_body_util::Empty::new().map_err(|never| match never {}).boxed_unsync()
 }
 
 /// Sends `request` on `sender`'s connection; hands it back if it was not
@@ -406,10 +410,9 @@ struct LimitedBody {
     left: u64,
     limit: u64,
     /// Where a request that may be sent again ([`Again`]) learns that
-    /// its body ended without a byte.
+    /// its body ended without a byte; dropped once a byte or trailers
+    /// went out.
     ended_empty: Option<Arc<AtomicBool>>,
-    /// Whether a data or trailers frame went out.
-    data: bool,
 }
 
 impl http_body::Body for LimitedBody {
@@ -429,14 +432,16 @@ impl http_body::Body for LimitedBody {
                     return Poll::Ready(Some(Err(HttpError::HttpRequestBodySize(Some(self.limit)))));
                 }
                 self.left -= size;
-                self.data |= size > 0 || frame.is_trailers();
+                if size > 0 || frame.is_trailers() {
+                    self.ended_empty = None;
+                }
             }
-            None if !self.data => {
+            None => {
                 if let Some(ended_empty) = &self.ended_empty {
                     ended_empty.store(true, Ordering::Release);
                 }
             }
-            _ => {}
+            Some(Err(_)) => {}
         }
         Poll::Ready(frame)
     }
@@ -692,15 +697,14 @@ mod tests {
      {
         let (address, read) = closing_server().await;
         let connections = Arc::default();
-        let empty = || http_body_util::Empty::new().map_err(|never| match never {}).boxed_unsync();
-        assert_eq!(answered(request("GET", address, "/first", empty()), &connections).await, "ok");
+        assert_eq!(answered(request("GET", address, "/first", empty_body()), &connections).await, "ok");
         // Each request is its kept connection's second: the server reads
         // it and closes, and it is answered on the next connection. Their
         // bodies: one that ends without a byte once read (as a guest's
         // finished empty body does; sent chunked, but a `GET` goes without
         // one), and one known to be empty.
         let requests =
-            [("DELETE", Frames(0).boxed_unsync()), ("GET", Frames(0).boxed_unsync()), ("GET", empty())];
+            [("DELETE", Frames(0).boxed_unsync()), ("GET", Frames(0).boxed_unsync()), ("GET", empty_body())];
         for (number, (method, body)) in requests.into_iter().enumerate() {
             let again = request(method, address, &format!("/again/{number}"), body);
             assert_eq!(answered(again, &connections).await, "ok", "sent again on a new connection");
@@ -722,14 +726,13 @@ mod tests {
     async fn a_post_whose_kept_connection_the_server_closed_under_it_fails_and_is_not_sent_again() {
         let (address, read) = closing_server().await;
         let connections = Arc::default();
-        let empty = || http_body_util::Empty::new().map_err(|never| match never {}).boxed_unsync();
-        assert_eq!(answered(request("GET", address, "/first", empty()), &connections).await, "ok");
+        assert_eq!(answered(request("GET", address, "/first", empty_body()), &connections).await, "ok");
         let post = request("POST", address, "/write", Frames(1).boxed_unsync());
         let sent = send(post, bounds(4096), &OutboundTls::default(), &connections).await;
         assert!(sent.is_err(), "the server closed the connection without answering");
         // The next request opens the second connection: nothing was sent
         // there before it.
-        assert_eq!(answered(request("GET", address, "/next", empty()), &connections).await, "ok");
+        assert_eq!(answered(request("GET", address, "/next", empty_body()), &connections).await, "ok");
         let read = read.lock().unwrap().clone();
         let expected = [(0, "GET /first HTTP/1.1"), (0, "POST /write HTTP/1.1"), (1, "GET /next HTTP/1.1")];
         assert_eq!(read, expected.map(|(number, line)| (number, line.to_owned())));
