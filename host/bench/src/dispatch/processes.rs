@@ -140,11 +140,17 @@ pub(crate) fn free_address() -> std::io::Result<std::net::SocketAddr> {
     let (low, high) = ports_for_listeners();
     let span = u32::from(high - low);
     // A start that differs between runs, so concurrent runs do not try
-    // the same ports in the same order.
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |elapsed| elapsed.subsec_nanos())
-        ^ std::process::id();
+    // the same ports in the same order; and within a run, each address
+    // after the one given before (a host may not have bound that yet).
+    static GIVEN: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    static SEED: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    let seed = *SEED.get_or_init(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |elapsed| elapsed.subsec_nanos())
+            ^ std::process::id()
+    });
+    let seed = seed.wrapping_add(GIVEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
     for step in 0..span {
         let port = low + (seed.wrapping_add(step) % span) as u16;
         if let Ok(listener) = std::net::TcpListener::bind(("127.0.0.1", port)) {
@@ -295,5 +301,7 @@ mod tests {
         let address = free_address().unwrap();
         assert!(address.port() < ephemeral, "{address} is below {ephemeral}");
         std::net::TcpListener::bind(address).expect("the address is free");
+        // Not bound by anyone yet, and still not given twice.
+        assert_ne!(free_address().unwrap(), address);
     }
 }
