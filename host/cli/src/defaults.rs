@@ -64,6 +64,7 @@ pub fn defaults() -> Defaults {
             idle_timeout: serve.idle_timeout,
             max_connections: u32::try_from(serve.max_connections).unwrap_or(u32::MAX),
         },
+        redis_response_timeout: pulse_redis::DEFAULT_RESPONSE_TIMEOUT,
     }
 }
 
@@ -107,8 +108,14 @@ mod tests {
             })
             .map(|line| format!("{line}\n"))
             .collect();
-        let written =
-            format!("{}\n{}\n[http]\n{http_limits}\n{plugin}", documented("[node]"), documented("[runtime]"));
+        // Of [redis], only its one limit: the rest names a deployment.
+        let redis = documented("[redis]");
+        let redis_limit = redis.lines().find(|line| line.starts_with("response_timeout")).unwrap();
+        let written = format!(
+            "[redis]\n{redis_limit}\n{}\n{}\n[http]\n{http_limits}\n{plugin}",
+            documented("[node]"),
+            documented("[runtime]")
+        );
         let absent = "[http]\n[[plugin]]\nname = \"p\"\npath = \"p.wasm\"\n";
         let path = dir.path().join("config.toml");
         let written = pulse_config::parse(&path, &written, &defaults()).unwrap();
@@ -117,6 +124,7 @@ mod tests {
         assert_eq!(written.runtime, absent.runtime, "[runtime]");
         assert_eq!(written.plugins, absent.plugins, "[[plugin]] and [plugin.limits]");
         assert_eq!(written.http, absent.http, "[http]");
+        assert_eq!(written.redis, absent.redis, "[redis]");
         assert_eq!(http_limits.lines().count(), 4, "config.toml documents [http]'s limits: {http}");
     }
 }

@@ -502,7 +502,8 @@ async fn open_redis(url: &Secret, config: &pulse_config::RedisConfig) -> anyhow:
         Some(redis::TlsCertificates { client_tls, root_cert })
     };
     let redis = pulse_redis::Redis::open_with_tls(url.expose(), tls)
-        .map_err(|error| anyhow::anyhow!("invalid Redis URL {shown:?}: {error}"))?;
+        .map_err(|error| anyhow::anyhow!("invalid Redis URL {shown:?}: {error}"))?
+        .with_response_timeout(config.response_timeout);
     let form = redis.form();
     redis.verify().await.map_err(|error| match error {
         pulse_redis::Error::Redis(error)

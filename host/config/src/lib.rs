@@ -75,6 +75,8 @@ pub struct Defaults {
     pub max_concurrent_calls: usize,
     /// `[http]`'s limits.
     pub http: HttpDefaults,
+    /// `redis.response_timeout`.
+    pub redis_response_timeout: Duration,
 }
 
 /// The defaults of `[http]`'s limits (see [`HttpConfig`]).
@@ -134,6 +136,8 @@ pub struct RedisConfig {
     /// `tls_cert_file` and `tls_key_file`: this host's certificate and key
     /// (PEM), for servers that ask clients for one.
     pub tls_client: Option<(PathBuf, PathBuf)>,
+    /// `response_timeout`: how long a command may wait for Redis's answer.
+    pub response_timeout: Duration,
 }
 
 /// `[node]`.

@@ -6,6 +6,7 @@ use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Cmd, Pipeline, RedisFuture, Value};
 
+use crate::shared::bounded;
 use crate::target::{Redis, Target};
 
 /// A connection of its own: a blocked `XREAD` holds up whatever is queued
@@ -17,14 +18,15 @@ pub struct Dedicated(Kind);
 
 enum Kind {
     Server(MultiplexedConnection),
-    Cluster(ClusterConnection),
+    /// With how long a request may take.
+    Cluster(ClusterConnection, Duration),
 }
 
 impl std::fmt::Debug for Dedicated {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self.0 {
             Kind::Server(_) => "Dedicated(server)",
-            Kind::Cluster(_) => "Dedicated(cluster)",
+            Kind::Cluster(..) => "Dedicated(cluster)",
         })
     }
 }
@@ -38,10 +40,11 @@ impl Redis {
     pub async fn dedicated(&self, response_timeout: Duration) -> redis::RedisResult<Dedicated> {
         let connect = Duration::from_secs(1);
         if let Target::Cluster { data: client, .. } = &*self.0 {
-            let config = redis::cluster::ClusterConfig::new()
-                .set_connection_timeout(connect)
-                .set_response_timeout(response_timeout);
-            return Ok(Dedicated(Kind::Cluster(client.get_async_connection_with_config(config).await?)));
+            // The bound goes around each request, not to redis-rs (see
+            // `shared::bounded`).
+            let config = redis::cluster::ClusterConfig::new().set_connection_timeout(connect);
+            let conn = client.get_async_connection_with_config(config).await?;
+            return Ok(Dedicated(Kind::Cluster(conn, response_timeout)));
         }
         let server = self.server().await?.expect("a single server or a primary behind Sentinel");
         let config = AsyncConnectionConfig::new()
@@ -55,7 +58,7 @@ impl ConnectionLike for Dedicated {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match &mut self.0 {
             Kind::Server(conn) => conn.req_packed_command(cmd),
-            Kind::Cluster(conn) => conn.req_packed_command(cmd),
+            Kind::Cluster(conn, timeout) => Box::pin(bounded(*timeout, conn.req_packed_command(cmd))),
         }
     }
 
@@ -67,14 +70,16 @@ impl ConnectionLike for Dedicated {
     ) -> RedisFuture<'a, Vec<Value>> {
         match &mut self.0 {
             Kind::Server(conn) => conn.req_packed_commands(pipeline, offset, count),
-            Kind::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Kind::Cluster(conn, timeout) => {
+                Box::pin(bounded(*timeout, conn.req_packed_commands(pipeline, offset, count)))
+            }
         }
     }
 
     fn get_db(&self) -> i64 {
         match &self.0 {
             Kind::Server(conn) => conn.get_db(),
-            Kind::Cluster(conn) => conn.get_db(),
+            Kind::Cluster(conn, _) => conn.get_db(),
         }
     }
 }

@@ -6,7 +6,8 @@
 //! knows which form of deployment it runs on:
 //! - [`Redis::shared`]: the multiplexed connection that ordinary commands
 //!   and scripts share; it reconnects by itself and, behind Sentinel,
-//!   follows a failover to the new primary.
+//!   follows a failover to the new primary. Its answers may take up to
+//!   [`Redis::response_timeout`] (5 s unless set), on every form.
 //! - [`Redis::dedicated`]: a connection of its own, for reads that block
 //!   (a blocked read would hold up every command queued behind it).
 //! - [`Redis::subscribe`]: the messages of one pub/sub channel, ending
@@ -44,4 +45,4 @@ pub use dedicated::Dedicated;
 pub use doorbell::{Doorbell, Ring};
 pub use shared::{Shared, key_slot};
 pub use subscribe::Subscription;
-pub use target::{Error, Form, Redis};
+pub use target::{DEFAULT_RESPONSE_TIMEOUT, Error, Form, Redis};

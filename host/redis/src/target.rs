@@ -2,6 +2,7 @@
 //! form its URL names.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
@@ -64,9 +65,23 @@ impl std::fmt::Display for Form {
     }
 }
 
-/// Where Redis is: cheap to clone, shared by everything in the process.
+/// How long a command on a shared connection may wait for its answer
+/// unless [`Redis::with_response_timeout`] says otherwise.
+///
+/// Long enough that a Redis busy for a moment (a large script, a fork, a
+/// loaded machine) answers late rather than fails: a command that timed
+/// out may still have run, so its caller must treat it as unknown, and a
+/// write of a worker's jobs that timed out is counted as dropped. Short
+/// enough that a primary that stopped answering without closing its
+/// connections (frozen, or cut off by the network) is noticed, and,
+/// behind Sentinel, left for the one the sentinels name: their own
+/// `down-after-milliseconds` is commonly longer.
+pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Where Redis is: cheap to clone, shared by everything in the process;
+/// and how long an answer on its shared connections may take.
 #[derive(Clone)]
-pub struct Redis(pub(crate) Arc<Target>);
+pub struct Redis(pub(crate) Arc<Target>, pub(crate) Duration);
 
 impl std::fmt::Debug for Redis {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -265,7 +280,19 @@ impl Redis {
                 Target::Single(client.map_err(|error| invalid(error.to_string()))?)
             }
         };
-        Ok(Self(Arc::new(target)))
+        Ok(Self(Arc::new(target), DEFAULT_RESPONSE_TIMEOUT))
+    }
+
+    /// The same Redis, whose shared connections made from now on wait up
+    /// to `timeout` for an answer (see [`DEFAULT_RESPONSE_TIMEOUT`]).
+    #[must_use]
+    pub fn with_response_timeout(self, timeout: Duration) -> Self {
+        Self(self.0, timeout)
+    }
+
+    /// How long an answer on a shared connection may take.
+    pub fn response_timeout(&self) -> Duration {
+        self.1
     }
 
     /// The form of deployment the URL named.

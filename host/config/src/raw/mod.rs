@@ -31,6 +31,7 @@ use crate::{
 const MAX_JOBS: RangeInclusive<u64> = 0..=1_000_000_000;
 const MAX_PAYLOAD: RangeInclusive<u64> = 1..=(64 << 20);
 const REPLY_TIMEOUT: RangeInclusive<Duration> = millis(10)..=secs(3600);
+const RESPONSE_TIMEOUT: RangeInclusive<Duration> = millis(100)..=secs(600);
 const MAX_ATTEMPTS: RangeInclusive<u64> = 1..=100;
 const CONFIRM_REPLICAS: RangeInclusive<u64> = 0..=16;
 /// The most slot groups (`pulse_pool`'s limit).
@@ -110,6 +111,7 @@ struct Redis {
     tls_ca_file: Option<Spanned<String>>,
     tls_cert_file: Option<Spanned<String>>,
     tls_key_file: Option<Spanned<String>>,
+    response_timeout: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -466,6 +468,12 @@ impl File {
             }
             (None, None) => None,
         };
+        let response_timeout = check.duration(
+            "redis.response_timeout",
+            self.redis.response_timeout.as_ref(),
+            defaults.redis_response_timeout,
+            RESPONSE_TIMEOUT,
+        );
         if !check.problems.is_empty() {
             // In file order; those without a line last.
             check.problems.sort_by_key(|problem| problem.line.unwrap_or(usize::MAX));
@@ -474,7 +482,13 @@ impl File {
         let data_dir = base.join(self.redis.data_dir.unwrap_or_else(|| ".pulse-host".into()));
         Ok(Config {
             path: Default::default(),
-            redis: RedisConfig { url: self.redis.url.map(Secret::new), data_dir, tls_ca_file, tls_client },
+            redis: RedisConfig {
+                url: self.redis.url.map(Secret::new),
+                data_dir,
+                tls_ca_file,
+                tls_client,
+                response_timeout,
+            },
             node,
             runtime,
             plugins,

@@ -47,6 +47,7 @@ fn defaults() -> Defaults {
             idle_timeout: Duration::from_secs(70),
             max_connections: 77,
         },
+        redis_response_timeout: Duration::from_millis(2500),
     }
 }
 
@@ -243,6 +244,22 @@ fn values_that_would_overflow_or_never_work_are_refused_with_their_lines() {
     let error = parse(Path::new("c.toml"), text).unwrap_err();
     let lines: Vec<_> = error.problems.iter().map(|p| p.line).collect();
     assert_eq!(lines, [Some(2), Some(7), Some(9)], "{error}");
+}
+
+#[test]
+fn redis_response_timeout_is_read_and_bounded() {
+    let config = parse(Path::new("c.toml"), "[redis]\nresponse_timeout = \"750ms\"\n").unwrap();
+    assert_eq!(config.redis.response_timeout, Duration::from_millis(750));
+    let config = parse(Path::new("c.toml"), "").unwrap();
+    assert_eq!(config.redis.response_timeout, Duration::from_millis(2500), "the default handed in");
+    let error = parse(Path::new("c.toml"), "[redis]\nresponse_timeout = \"10ms\"\n").unwrap_err();
+    assert_eq!(error.problems[0].line, Some(2));
+    assert!(
+        error
+            .to_string()
+            .contains("`redis.response_timeout` = \"10ms\" is out of range: allowed are 100ms to 10m"),
+        "{error}"
+    );
 }
 
 #[test]

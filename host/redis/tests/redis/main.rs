@@ -117,3 +117,64 @@ async fn the_shared_connection_follows_a_sentinel_failover() {
     let after: String = redis::cmd("GET").arg("after").query_async(&mut dedicated).await.unwrap();
     assert_eq!(after, "2");
 }
+
+/// Stops every client's commands on the servers at `urls` for `pause`
+/// (`CLIENT PAUSE … ALL`): what a Redis busy with a long script or a fork
+/// looks like to its clients.
+async fn pause_servers(urls: &[String], pause: Duration) {
+    for url in urls {
+        let mut direct = pulse_testkit::connect(url).await;
+        let _: () = redis::cmd("CLIENT")
+            .arg("PAUSE")
+            .arg(pause.as_millis() as u64)
+            .arg("ALL")
+            .query_async(&mut direct)
+            .await
+            .unwrap();
+    }
+}
+
+/// A command on a shared connection waits for a Redis that answers late
+/// (past redis-rs's own 500 ms) and fails once the response timeout set
+/// has passed; the connection then serves the next command.
+async fn answers_late_and_times_out(redis: &Redis, servers: &[String]) {
+    assert_eq!(redis.response_timeout(), pulse_redis::DEFAULT_RESPONSE_TIMEOUT);
+    let mut conn = redis.shared().await.unwrap();
+    let _: () = redis::cmd("SET").arg("late").arg("1").query_async(&mut conn).await.unwrap();
+    pause_servers(servers, Duration::from_millis(1500)).await;
+    let began = std::time::Instant::now();
+    let late: String = redis::cmd("GET").arg("late").query_async(&mut conn).await.unwrap();
+    assert_eq!(late, "1");
+    assert!(
+        began.elapsed() >= Duration::from_millis(1000),
+        "the GET waited out the pause: {:?}",
+        began.elapsed()
+    );
+
+    let short = redis.clone().with_response_timeout(Duration::from_millis(300));
+    let mut conn = short.shared().await.unwrap();
+    pause_servers(servers, Duration::from_millis(1500)).await;
+    let failed: redis::RedisResult<String> = redis::cmd("GET").arg("late").query_async(&mut conn).await;
+    let error = failed.expect_err("a GET past a 300 ms response timeout fails");
+    assert!(error.is_timeout(), "a timeout: {error:?}");
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let again: redis::RedisResult<String> = redis::cmd("GET").arg("late").query_async(&mut conn).await;
+        match again {
+            Ok(value) => break assert_eq!(value, "1"),
+            Err(error) => {
+                assert!(tokio::time::Instant::now() < deadline, "no answer after the pause: {error:?}")
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_connection_waits_for_a_late_answer_up_to_its_response_timeout() {
+    let single = RedisServer::start_tcp_with(&[]);
+    answers_late_and_times_out(&Redis::open(single.url()).unwrap(), &[single.url().to_owned()]).await;
+    let mut cluster = RedisCluster::start(3, 0);
+    let masters: Vec<String> =
+        cluster.nodes().iter().map(|node| format!("redis://127.0.0.1:{}/", node.port())).collect();
+    answers_late_and_times_out(&Redis::open(&cluster.url()).unwrap(), &masters).await;
+}
