@@ -158,8 +158,8 @@ impl Following {
 /// given to redis-rs as each node connection's response timeout: a request
 /// that timed out on a node connection and was retried by the cluster
 /// connection had not returned 5 minutes later (redis-rs 1.8.1, masters
-/// paused with `CLIENT PAUSE`; this crate's tests cover the bound). A late answer is then
-/// read and dropped, and the connection stays in use.
+/// paused with `CLIENT PAUSE`; this crate's tests cover the bound). A late
+/// answer is then read and dropped, and the connection stays in use.
 pub(crate) async fn bounded<T>(
     timeout: Duration,
     request: impl Future<Output = redis::RedisResult<T>>,
@@ -168,7 +168,7 @@ pub(crate) async fn bounded<T>(
         Ok(answer) => answer,
         Err(_) => Err(std::io::Error::new(
             std::io::ErrorKind::TimedOut,
-            "Redis did not answer within response_timeout",
+            format!("Redis did not answer within {timeout:?} (redis.response_timeout)"),
         )
         .into()),
     }
