@@ -48,7 +48,7 @@ pub use http::{FencedWrite, HttpServer};
 pub use names::{assert_no_keys, keys_under, unique};
 pub use pools::slot_table;
 pub use registry::Registry;
-pub use server::{RedisServer, connect, shared_redis_url};
+pub use server::{RedisServer, connect, free_address, shared_redis_url};
 pub use topology::{RedisCluster, RedisSentinels, start_replica};
 
 /// Sends `tracing` output of the code under test to the test's captured

@@ -402,10 +402,51 @@ fn spawn_watchdog(pid: u32, dir: &Path) -> (Child, ChildStdin) {
     (watchdog, lifeline)
 }
 
-/// A port on 127.0.0.1 that was free a moment ago.
+/// A port on 127.0.0.1 that was free a moment ago ([`free_address`]).
 pub(crate) fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("failed to find a free port");
-    listener.local_addr().expect("a bound listener has an address").port()
+    free_address().expect("failed to find a free port").port()
+}
+
+/// A loopback address nobody listens on now, for a server started in
+/// another process (a host, `redis-server`) to listen on.
+///
+/// The port lies below the kernel's range for outgoing connections: a port
+/// from that range (what binding port 0 gives) may become the local end of
+/// some connection to Redis or a server before the server binds it, and
+/// it would then fail with "address already in use".
+pub fn free_address() -> std::io::Result<std::net::SocketAddr> {
+    let (low, high) = ports_for_listeners();
+    let span = u32::from(high - low);
+    // A start that differs between runs, so concurrent runs do not try
+    // the same ports in the same order; and within a run, each address
+    // after the one given before (a host may not have bound that yet).
+    static GIVEN: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    static SEED: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    let seed = *SEED.get_or_init(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |elapsed| elapsed.subsec_nanos())
+            ^ std::process::id()
+    });
+    let seed = seed.wrapping_add(GIVEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    for step in 0..span {
+        let port = low + (seed.wrapping_add(step) % span) as u16;
+        if let Ok(listener) = TcpListener::bind(("127.0.0.1", port)) {
+            return listener.local_addr();
+        }
+    }
+    Err(std::io::Error::new(std::io::ErrorKind::AddrInUse, format!("no free loopback port in {low}..{high}")))
+}
+
+/// Ports below the kernel's ephemeral range (`ip_local_port_range`, 32768
+/// when it cannot be read) and above the well-known ones.
+fn ports_for_listeners() -> (u16, u16) {
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let high = ephemeral.max(2048);
+    (high.saturating_sub(8192).max(1024), high)
 }
 
 /// The Redis the tests of this binary share: the server `REDIS_URL` names
@@ -442,6 +483,16 @@ pub async fn connect(url: &str) -> MultiplexedConnection {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_free_address_is_outside_the_range_outgoing_connections_take_ports_from() {
+        let (_, ephemeral) = ports_for_listeners();
+        let address = free_address().unwrap();
+        assert!(address.port() < ephemeral, "{address} is below {ephemeral}");
+        std::net::TcpListener::bind(address).expect("the address is free");
+        // Not bound by anyone yet, and still not given twice.
+        assert_ne!(free_address().unwrap(), address);
+    }
 
     #[test]
     fn a_server_whose_port_was_taken_starts_on_another() {

@@ -129,47 +129,8 @@ impl Dispatcher {
     }
 }
 
-/// A loopback address nobody listens on now, for a host started in
-/// another process to listen on.
-///
-/// The port lies below the kernel's range for outgoing connections: a port
-/// from that range (what binding port 0 gives) may become the local end of
-/// some connection to Redis or a server before the host binds it, and the
-/// host would then fail with "address already in use".
-pub(crate) fn free_address() -> std::io::Result<std::net::SocketAddr> {
-    let (low, high) = ports_for_listeners();
-    let span = u32::from(high - low);
-    // A start that differs between runs, so concurrent runs do not try
-    // the same ports in the same order; and within a run, each address
-    // after the one given before (a host may not have bound that yet).
-    static GIVEN: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    static SEED: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    let seed = *SEED.get_or_init(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |elapsed| elapsed.subsec_nanos())
-            ^ std::process::id()
-    });
-    let seed = seed.wrapping_add(GIVEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
-    for step in 0..span {
-        let port = low + (seed.wrapping_add(step) % span) as u16;
-        if let Ok(listener) = std::net::TcpListener::bind(("127.0.0.1", port)) {
-            return listener.local_addr();
-        }
-    }
-    Err(std::io::Error::new(std::io::ErrorKind::AddrInUse, format!("no free loopback port in {low}..{high}")))
-}
-
-/// Ports below the kernel's ephemeral range (`ip_local_port_range`, 32768
-/// when it cannot be read) and above the well-known ones.
-fn ports_for_listeners() -> (u16, u16) {
-    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
-        .unwrap_or(32768);
-    let high = ephemeral.max(2048);
-    (high.saturating_sub(8192).max(1024), high)
-}
+/// A loopback address for a host started in another process to listen on.
+pub(crate) use pulse_testkit::free_address;
 
 /// Starts the host's own `run` in another process, serving the handler's
 /// plugin with 4 workers in `pool` (and its HTTP API on `api`).
@@ -289,19 +250,4 @@ pub fn serve_host(args: &Args) -> BenchResult {
         pulse_host::run::run(&config, &client).await.map_err(|error| format!("{error:#}"))?;
         Ok(())
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_free_address_is_outside_the_range_outgoing_connections_take_ports_from() {
-        let (_, ephemeral) = ports_for_listeners();
-        let address = free_address().unwrap();
-        assert!(address.port() < ephemeral, "{address} is below {ephemeral}");
-        std::net::TcpListener::bind(address).expect("the address is free");
-        // Not bound by anyone yet, and still not given twice.
-        assert_ne!(free_address().unwrap(), address);
-    }
 }

@@ -234,7 +234,7 @@ struct TlsRedis {
 
 impl TlsRedis {
     fn start(dir: &Path, password: &str) -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let port = pulse_testkit::free_address().unwrap().port();
         let child = Command::new("redis-server")
             .current_dir(dir)
             .args(["--port", "0", "--tls-port", &port.to_string()])

@@ -299,7 +299,7 @@ fn requests_sent_and_denied_are_counted_by_plugin_host_and_status() {
     let server = RedisServer::start();
     let redis = Some(server.url());
     let dir = tempfile::tempdir().unwrap();
-    let api = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let api = pulse_testkit::free_address().unwrap();
     let plugin = format!("allowed_outbound_hosts = [\"http://{}\"]", endpoints.address());
     let config =
         write_config(dir.path(), &[("fetcher", FETCHER, &plugin)], &format!("[http]\nlisten = \"{api}\"\n"));
