@@ -44,12 +44,12 @@ impl Redis {
     /// names a primary that answers).
     pub async fn shared(&self) -> redis::RedisResult<Shared> {
         let kind = match &*self.0 {
-            Target::Single(client) => Kind::Single(manager(client.clone(), self.1).await?),
+            Target::Single(client) => Kind::Single(manager(client.clone(), self.response_timeout()).await?),
             Target::Cluster { data: client, .. } => {
-                Kind::Cluster(client.get_async_connection().await?, self.1)
+                Kind::Cluster(client.get_async_connection().await?, self.response_timeout())
             }
             Target::Sentinel(sentinel) => {
-                let (address, conn) = Following::primary(sentinel, self.1).await?;
+                let (address, conn) = Following::primary(sentinel, self.response_timeout()).await?;
                 Kind::Following(Arc::new(Following {
                     redis: self.clone(),
                     current: RwLock::new(Current { generation: 0, address, conn }),
@@ -112,7 +112,7 @@ impl Following {
             return;
         }
         let Target::Sentinel(sentinel) = &*self.redis.0 else { return };
-        match Self::primary(sentinel, self.redis.1).await {
+        match Self::primary(sentinel, self.redis.response_timeout()).await {
             Ok((address, conn)) => {
                 let mut current = self.current.write().unwrap_or_else(std::sync::PoisonError::into_inner);
                 if current.address != address {
