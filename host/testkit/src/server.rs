@@ -417,18 +417,18 @@ pub(crate) fn free_port() -> u16 {
 pub fn free_address() -> std::io::Result<std::net::SocketAddr> {
     let (low, high) = ports_for_listeners();
     let span = u32::from(high - low);
-    // A start that differs between runs, so concurrent runs do not try
-    // the same ports in the same order; and within a run, each address
-    // after the one given before (a host may not have bound that yet).
-    static GIVEN: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    static SEED: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    let seed = *SEED.get_or_init(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |elapsed| elapsed.subsec_nanos())
-            ^ std::process::id()
+    // Where the search starts: from a point that differs between runs, so
+    // concurrent runs do not try the same ports in the same order; and
+    // within a run, one on from the last address given (a server may not
+    // have bound that yet).
+    static NEXT: OnceLock<std::sync::atomic::AtomicU32> = OnceLock::new();
+    let next = NEXT.get_or_init(|| {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        std::sync::atomic::AtomicU32::new(
+            now.map_or(0, |elapsed| elapsed.subsec_nanos()) ^ std::process::id(),
+        )
     });
-    let seed = seed.wrapping_add(GIVEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    let seed = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     for step in 0..span {
         let port = low + (seed.wrapping_add(step) % span) as u16;
         if let Ok(listener) = TcpListener::bind(("127.0.0.1", port)) {
