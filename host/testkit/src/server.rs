@@ -417,10 +417,12 @@ pub(crate) fn free_port() -> u16 {
 pub fn free_address() -> std::io::Result<std::net::SocketAddr> {
     let (low, high) = ports_for_listeners();
     let span = u32::from(high - low);
-    // Where the search starts: from a point that differs between runs, so
-    // concurrent runs do not try the same ports in the same order; and
-    // within a run, one on from the last address given (a server may not
-    // have bound that yet).
+    // Each port tried is the next of one count, so a process never tries
+    // a port twice (until it has tried them all): an address given is not
+    // given again while its server may not have bound it yet, even if a
+    // port before it was busy. The count starts at a point that differs
+    // between runs, so concurrent runs do not try the same ports in the
+    // same order.
     static NEXT: OnceLock<std::sync::atomic::AtomicU32> = OnceLock::new();
     let next = NEXT.get_or_init(|| {
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
@@ -428,9 +430,8 @@ pub fn free_address() -> std::io::Result<std::net::SocketAddr> {
             now.map_or(0, |elapsed| elapsed.subsec_nanos()) ^ std::process::id(),
         )
     });
-    let seed = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    for step in 0..span {
-        let port = low + (seed.wrapping_add(step) % span) as u16;
+    for _ in 0..span {
+        let port = low + (next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % span) as u16;
         if let Ok(listener) = TcpListener::bind(("127.0.0.1", port)) {
             return listener.local_addr();
         }
