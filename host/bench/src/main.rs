@@ -25,14 +25,18 @@
 //!   batches in flight). Default: all but `slow-serial`.
 //!   Redis commands and CPU per job. Options: `--jobs N` (default 20,000;
 //!   5,000 for `echo-job`, 2,000 for `slow`, 400 for `slow-serial`),
-//!   `--redis URL` (default: a private `redis-server`), `--redis cluster`
+//!   `--redis URL` (default: a private `redis-server`; a
+//!   `redis+cluster://` URL's figures are read from each seed it names,
+//!   so name every master), `--redis cluster`
 //!   (a private single server, then a private cluster of 3 masters, or
 //!   `--masters N`, with `--groups N` slot groups, default 16: the same
 //!   lines on both, with
 //!   the Redis CPU summed over the masters, the busiest one's share and
 //!   the errors Redis answered; `noop` and `batch-pool` only),
 //!   `--groups N` (the pools' slot groups), `--workers N` (the no-op
-//!   workers of `noop` and `batch-pool`, default 4),
+//!   workers of `noop` and `batch-pool`, default 4), `--dispatchers N`
+//!   (one measured line per handler, with N concurrent dispatchers, or N
+//!   batches in flight, instead of the handler's usual lines),
 //!   `--confirm-replicas N` (the dispatching node confirms a start only
 //!   once N replicas hold it; given without `--redis`, 0 too, the private
 //!   server is on TCP with a replica).
@@ -95,7 +99,7 @@ use std::process::ExitCode;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-const USAGE: &str = "usage: pulse-bench SCENARIO [--quick] [--jobs N] [--redis URL] [--confirm-replicas N] [--groups N] [--masters N] [--workers N]\nscenarios: runtime [echo|python-echo|js-echo]..., dispatch [noop|echo-job|echo-worker|echo-http|slow|slow-serial|batch]..., idle, fetch [http1|http2]..., failover, rebalance, ticker, rollout, listing, density [job|worker]...";
+const USAGE: &str = "usage: pulse-bench SCENARIO [--quick] [--jobs N] [--redis URL] [--confirm-replicas N] [--groups N] [--masters N] [--workers N] [--dispatchers N]\nscenarios: runtime [echo|python-echo|js-echo]..., dispatch [noop|echo-job|echo-worker|echo-http|slow|slow-serial|batch]..., idle, fetch [http1|http2]..., failover, rebalance, ticker, rollout, listing, density [job|worker]...";
 
 /// Parsed command line.
 #[derive(Debug)]
@@ -120,6 +124,9 @@ pub struct Args {
     /// `--masters N` (dispatch with `--redis cluster`): the private
     /// cluster's masters, default 3.
     pub masters: Option<usize>,
+    /// `--dispatchers N` (dispatch): one measured line per handler, at N
+    /// concurrent dispatchers (batches in flight for the batch lines).
+    pub dispatchers: Option<usize>,
     /// Everything else, in order.
     pub rest: Vec<String>,
 }
@@ -134,6 +141,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
         confirm_replicas: None,
         groups: None,
         masters: None,
+        dispatchers: None,
         rest: Vec::new(),
     };
     while let Some(arg) = args.next() {
@@ -177,6 +185,15 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
                     .ok()
                     .filter(|n| (1..=16).contains(n))
                     .ok_or_else(|| format!("--masters takes 1 to 16, got {value:?}"))
+                    .map(Some)?;
+            }
+            "--dispatchers" => {
+                let value = args.next().ok_or("--dispatchers needs a number")?;
+                parsed.dispatchers = value
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| (1..=4096).contains(n))
+                    .ok_or_else(|| format!("--dispatchers takes 1 to 4096, got {value:?}"))
                     .map(Some)?;
             }
             other if other.starts_with("--") => return Err(format!("unknown option {other}")),
@@ -228,5 +245,25 @@ fn main() -> ExitCode {
             eprintln!("pulse-bench: {scenario} failed: {error}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse;
+
+    fn args(line: &str) -> Result<super::Args, String> {
+        parse(line.split_whitespace().map(str::to_owned))
+    }
+
+    #[test]
+    fn dispatchers_are_read_and_bounded() {
+        assert_eq!(args("dispatch noop --dispatchers 512").unwrap().dispatchers, Some(512));
+        assert_eq!(args("dispatch noop").unwrap().dispatchers, None);
+        for bad in ["0", "4097", "many"] {
+            let error = args(&format!("dispatch --dispatchers {bad}")).unwrap_err();
+            assert!(error.contains("--dispatchers takes 1 to 4096"), "{error}");
+        }
+        assert!(args("dispatch --dispatchers").unwrap_err().contains("--dispatchers needs a number"));
     }
 }

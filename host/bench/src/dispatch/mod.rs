@@ -180,6 +180,24 @@ pub fn run(args: &Args) -> BenchResult {
     Ok(())
 }
 
+/// The seeds of a `redis+cluster://` URL, each as a server of its own
+/// (`redis://host:port`), whose figures a line reads: name every master
+/// in an external cluster's URL to have them all counted. `None` for any
+/// other URL.
+fn cluster_seeds(url: &str) -> Option<Vec<String>> {
+    let seeds = url.strip_prefix("redis+cluster://")?;
+    let seeds = seeds.split('/').next().unwrap_or_default();
+    let (user, seeds) = seeds.rsplit_once('@').map_or(("", seeds), |(user, hosts)| (user, hosts));
+    let at = if user.is_empty() { "" } else { "@" };
+    Some(
+        seeds
+            .split(',')
+            .filter(|seed| !seed.is_empty())
+            .map(|seed| format!("redis://{user}{at}{seed}"))
+            .collect(),
+    )
+}
+
 /// A Redis the scenario runs on, up while it runs: a private server, one
 /// with a replica (to confirm dispatches on), the one `--redis` names, or
 /// a private cluster (of three masters unless `--masters` says).
@@ -225,9 +243,9 @@ impl Deployment {
                 vec![single(pulse_testkit::RedisServer::start_tcp_with(&[]), None), grouped]
             }
             (Some(url), _) => vec![Self {
-                layout: "single",
+                layout: if cluster_seeds(url).is_some() { "cluster" } else { "single" },
                 url: url.to_owned(),
-                servers: vec![url.to_owned()],
+                servers: cluster_seeds(url).unwrap_or_else(|| vec![url.to_owned()]),
                 groups: args.groups.unwrap_or(1),
                 _processes: (None, None),
                 _cluster: None,
@@ -308,7 +326,8 @@ fn run_handler(
             running: 0,
             confirm,
         };
-        for &concurrency in handler.dispatchers() {
+        let asked = args.dispatchers.map(|n| vec![n]);
+        for &concurrency in asked.as_deref().unwrap_or(handler.dispatchers()) {
             let keys = match handler {
                 Handler::Batch | Handler::BatchHttp => {
                     batch::measure(&dispatcher, &mut servers, handler, concurrency, jobs, &line).await?
@@ -425,4 +444,26 @@ async fn measure(
 
 pub(super) fn key_of(concurrency: usize, i: usize) -> String {
     format!("c{concurrency}-{i}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cluster_seeds;
+
+    #[test]
+    fn an_external_cluster_is_read_at_each_seed_with_its_credentials() {
+        assert_eq!(
+            cluster_seeds("redis+cluster://127.0.0.1:7000,127.0.0.1:7001/"),
+            Some(vec!["redis://127.0.0.1:7000".to_owned(), "redis://127.0.0.1:7001".to_owned()])
+        );
+        assert_eq!(
+            cluster_seeds("redis+cluster://app:secret@10.0.0.1:7000,10.0.0.2:7000/"),
+            Some(vec![
+                "redis://app:secret@10.0.0.1:7000".to_owned(),
+                "redis://app:secret@10.0.0.2:7000".to_owned()
+            ])
+        );
+        assert_eq!(cluster_seeds("redis://127.0.0.1:6379"), None);
+        assert_eq!(cluster_seeds("redis+unix:///tmp/redis.sock"), None);
+    }
 }
