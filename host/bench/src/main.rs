@@ -131,6 +131,19 @@ pub struct Args {
     pub rest: Vec<String>,
 }
 
+/// The number given after `flag`, within `range`.
+fn number_in<T>(value: Option<String>, flag: &str, range: std::ops::RangeInclusive<T>) -> Result<T, String>
+where
+    T: std::str::FromStr + PartialOrd + std::fmt::Display,
+{
+    let value = value.ok_or_else(|| format!("{flag} needs a number"))?;
+    value
+        .parse::<T>()
+        .ok()
+        .filter(|n| range.contains(n))
+        .ok_or_else(|| format!("{flag} takes {} to {}, got {value:?}", range.start(), range.end()))
+}
+
 fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut parsed = Args {
         quick: false,
@@ -161,13 +174,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
                 );
             }
             "--confirm-replicas" => {
-                let value = args.next().ok_or("--confirm-replicas needs a number")?;
-                parsed.confirm_replicas = value
-                    .parse::<u32>()
-                    .ok()
-                    .filter(|n| (0..=16).contains(n))
-                    .ok_or_else(|| format!("--confirm-replicas takes 0 to 16, got {value:?}"))
-                    .map(Some)?;
+                parsed.confirm_replicas = Some(number_in::<u32>(args.next(), "--confirm-replicas", 0..=16)?)
             }
             "--groups" => {
                 let value = args.next().ok_or("--groups needs a number")?;
@@ -178,23 +185,9 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
                     .ok_or_else(|| format!("--groups takes 1, 2, 4, 8, 16, 32 or 64, got {value:?}"))
                     .map(Some)?;
             }
-            "--masters" => {
-                let value = args.next().ok_or("--masters needs a number")?;
-                parsed.masters = value
-                    .parse::<usize>()
-                    .ok()
-                    .filter(|n| (1..=16).contains(n))
-                    .ok_or_else(|| format!("--masters takes 1 to 16, got {value:?}"))
-                    .map(Some)?;
-            }
+            "--masters" => parsed.masters = Some(number_in::<usize>(args.next(), "--masters", 1..=16)?),
             "--dispatchers" => {
-                let value = args.next().ok_or("--dispatchers needs a number")?;
-                parsed.dispatchers = value
-                    .parse::<usize>()
-                    .ok()
-                    .filter(|n| (1..=4096).contains(n))
-                    .ok_or_else(|| format!("--dispatchers takes 1 to 4096, got {value:?}"))
-                    .map(Some)?;
+                parsed.dispatchers = Some(number_in::<usize>(args.next(), "--dispatchers", 1..=4096)?)
             }
             other if other.starts_with("--") => return Err(format!("unknown option {other}")),
             _ => parsed.rest.push(arg),
@@ -257,7 +250,7 @@ mod tests {
     }
 
     #[test]
-    fn dispatchers_are_read_and_bounded() {
+    fn numbers_are_read_and_bounded() {
         assert_eq!(args("dispatch noop --dispatchers 512").unwrap().dispatchers, Some(512));
         assert_eq!(args("dispatch noop").unwrap().dispatchers, None);
         for bad in ["0", "4097", "many"] {
@@ -265,5 +258,7 @@ mod tests {
             assert!(error.contains("--dispatchers takes 1 to 4096"), "{error}");
         }
         assert!(args("dispatch --dispatchers").unwrap_err().contains("--dispatchers needs a number"));
+        assert!(args("dispatch --masters 17").unwrap_err().contains("--masters takes 1 to 16, got \"17\""));
+        assert_eq!(args("dispatch --confirm-replicas 0").unwrap().confirm_replicas, Some(0));
     }
 }
