@@ -180,26 +180,27 @@ pub fn run(args: &Args) -> BenchResult {
     Ok(())
 }
 
-/// The seeds of a `redis+cluster://` URL, each as a server of its own
-/// (`redis://host:port`), whose figures a line reads: name every master
-/// in an external cluster's URL to have them all counted. `None` for any
-/// other URL.
+/// The seeds of a `redis+cluster://` (or `rediss+cluster://`) URL, each
+/// as a server of its own (`redis://host:port`, `rediss://…`), whose
+/// figures a line reads: name every master in an external cluster's URL
+/// to have them all counted. `None` for any other URL.
 fn cluster_seeds(url: &str) -> Option<Vec<String>> {
-    let seeds = url.strip_prefix("redis+cluster://")?;
-    let seeds = seeds.split('/').next().unwrap_or_default();
+    let (scheme, rest) = url.split_once("://")?;
+    let scheme = scheme.strip_suffix("+cluster")?;
+    let seeds = rest.split('/').next().unwrap_or_default();
     let (user, seeds) = seeds.rsplit_once('@').map_or(("", seeds), |(user, hosts)| (user, hosts));
     let at = if user.is_empty() { "" } else { "@" };
     Some(
         seeds
             .split(',')
             .filter(|seed| !seed.is_empty())
-            .map(|seed| format!("redis://{user}{at}{seed}"))
+            .map(|seed| format!("{scheme}://{user}{at}{seed}"))
             .collect(),
     )
 }
 
 /// A Redis the scenario runs on, up while it runs: a private server, one
-/// with a replica (to confirm dispatches on), the one `--redis` names, or
+/// with a replica (to confirm dispatches on), the one `--redis` names (a cluster read at each seed), or
 /// a private cluster (of three masters unless `--masters` says).
 struct Deployment {
     /// `single` or `cluster`: the `layout` field of its lines.
@@ -245,6 +246,7 @@ impl Deployment {
             (Some(url), _) => vec![Self {
                 layout: if cluster_seeds(url).is_some() { "cluster" } else { "single" },
                 url: url.to_owned(),
+                // A cluster's figures are read from each master it names.
                 servers: cluster_seeds(url).unwrap_or_else(|| vec![url.to_owned()]),
                 groups: args.groups.unwrap_or(1),
                 _processes: (None, None),
@@ -463,7 +465,12 @@ mod tests {
                 "redis://app:secret@10.0.0.2:7000".to_owned()
             ])
         );
+        assert_eq!(
+            cluster_seeds("rediss+cluster://10.0.0.1:7000/"),
+            Some(vec!["rediss://10.0.0.1:7000".to_owned()])
+        );
         assert_eq!(cluster_seeds("redis://127.0.0.1:6379"), None);
+        assert_eq!(cluster_seeds("redis+sentinel://127.0.0.1:26379/main"), None);
         assert_eq!(cluster_seeds("redis+unix:///tmp/redis.sock"), None);
     }
 }
