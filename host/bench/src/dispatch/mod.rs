@@ -200,8 +200,9 @@ fn cluster_seeds(url: &str) -> Option<Vec<String>> {
 }
 
 /// A Redis the scenario runs on, up while it runs: a private server, one
-/// with a replica (to confirm dispatches on), the one `--redis` names (a cluster read at each seed), or
-/// a private cluster (of three masters unless `--masters` says).
+/// with a replica (to confirm dispatches on), the one `--redis` names (a
+/// cluster read at each seed), or a private cluster (of three masters
+/// unless `--masters` says).
 struct Deployment {
     /// `single` or `cluster`: the `layout` field of its lines.
     layout: &'static str,
@@ -243,15 +244,18 @@ impl Deployment {
                 };
                 vec![single(pulse_testkit::RedisServer::start_tcp_with(&[]), None), grouped]
             }
-            (Some(url), _) => vec![Self {
-                layout: if cluster_seeds(url).is_some() { "cluster" } else { "single" },
-                url: url.to_owned(),
+            (Some(url), _) => {
                 // A cluster's figures are read from each master it names.
-                servers: cluster_seeds(url).unwrap_or_else(|| vec![url.to_owned()]),
-                groups: args.groups.unwrap_or(1),
-                _processes: (None, None),
-                _cluster: None,
-            }],
+                let seeds = cluster_seeds(url);
+                vec![Self {
+                    layout: if seeds.is_some() { "cluster" } else { "single" },
+                    url: url.to_owned(),
+                    servers: seeds.unwrap_or_else(|| vec![url.to_owned()]),
+                    groups: args.groups.unwrap_or(1),
+                    _processes: (None, None),
+                    _cluster: None,
+                }]
+            }
             (None, None) => vec![single(pulse_testkit::RedisServer::start(), None)],
             // With confirmations, a primary on TCP with a replica in sync.
             (None, Some(_)) => {
