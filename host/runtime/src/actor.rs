@@ -22,7 +22,8 @@ use crate::error::CallError;
 use crate::instance::{GuestCall, Instance};
 use crate::job::Job;
 use crate::outputs::JobOutputs;
-use crate::plugin::PluginInner;
+use crate::plugin::{Isolation, PluginInner};
+use crate::ready;
 
 /// Commands queued per instance before callers wait: deep enough that a
 /// burst of notifications does not stall its senders, small enough to bound
@@ -276,8 +277,32 @@ impl Actor {
         }
     }
 
+    /// A new instance for this task: in job isolation one made ahead of
+    /// need when there is one (`ready`).
     async fn instantiate(&mut self) -> Result<Instance, CallError> {
-        Instance::new(&self.plugin, self.outputs.clone(), self.commands.clone()).await
+        if self.plugin.isolation != Isolation::Job {
+            return self.make().await;
+        }
+        let made = match ready::take(&self.plugin, &self.outputs, &self.commands) {
+            Some(instance) => Ok(instance),
+            None => self.make().await,
+        };
+        ready::started(&self.plugin);
+        made
+    }
+
+    /// Instantiates; one refused for room is tried once more after every
+    /// plugin's ready instances are dropped. (`&mut self` only because
+    /// `Actor` is `Send` but not `Sync`.)
+    async fn make(&mut self) -> Result<Instance, CallError> {
+        let new = || Instance::new(&self.plugin, self.outputs.clone(), self.commands.clone());
+        match new().await {
+            Err(error @ CallError::Instantiate(_)) => {
+                let held = self.plugin.ready_registry.hold().await;
+                if held.drain() { new().await } else { Err(error) }
+            }
+            made => made,
+        }
     }
 }
 

@@ -258,6 +258,8 @@ pub(crate) struct RuntimeInner {
     pub(crate) engine: Engine,
     pub(crate) linker: Linker<HostState>,
     pub(crate) config: RuntimeConfig,
+    /// Its plugins' instances made ahead of need.
+    pub(crate) ready: Arc<crate::ready::Registry>,
 }
 
 impl Runtime {
@@ -283,7 +285,7 @@ impl Runtime {
         })?;
         spawn_epoch_ticker(&engine, config.epoch_tick)
             .map_err(|e| EngineError::Engine(format!("failed to start the epoch ticker thread: {e}")))?;
-        Ok(Self { inner: Arc::new(RuntimeInner { engine, linker, config }) })
+        Ok(Self { inner: Arc::new(RuntimeInner { engine, linker, config, ready: Arc::default() }) })
     }
 
     /// Loads, checks and pre-instantiates the plugin at `path`.

@@ -101,6 +101,13 @@ impl Instance {
         })
     }
 
+    /// Sends this instance's requests to `outputs` and its timers' ticks
+    /// to `commands` from now on: an instance made ahead of need is bound
+    /// by the start that takes it.
+    pub(crate) fn bind(&mut self, outputs: Arc<dyn JobOutputs>, commands: mpsc::WeakSender<Command>) {
+        self.store.data_mut().bind(outputs, commands);
+    }
+
     /// Starts `job` in this instance.
     ///
     /// # Errors

@@ -14,6 +14,8 @@
 //!   the plugin's limits.
 //! - `actor`: the task that owns an instance, serializes its calls and
 //!   delivers its timer ticks; restarts jobs after a trap.
+//! - `ready`: instances made ahead of need in job isolation
+//!   ([`ReadyInstances`]), so a start does not instantiate on its way.
 //! - `host`: the store's data and the host functions guests import.
 //! - `limits`: [`Limits`] per plugin and the store's resource limiter.
 //! - `bounds`: the sizes and rates a plugin controls, and their limits.
@@ -57,6 +59,7 @@ mod outbound;
 mod outputs;
 mod plugin;
 mod producer;
+mod ready;
 mod runner;
 
 pub use engine::{DEFAULT_MEMORY_RESERVATION, MAPPINGS_PER_INSTANCE, Runtime, RuntimeConfig};
@@ -68,4 +71,5 @@ pub use outbound::{AllowedHost, AllowedHostError, FENCE_HEADER, Outbound, Outbou
 pub use outputs::{BoxFuture, Fence, JobOutputs, LOSS_CHECK, Output, Recorder};
 pub use plugin::{Isolation, Plugin, PluginOptions};
 pub use producer::{Plan, PlanAnswer, Producer, ProducerOptions};
+pub use ready::ReadyInstances;
 pub use runner::JobRunner;

@@ -15,7 +15,8 @@
 //!   its due time a timer's `on-timer` call began (the time it waited for
 //!   the instance's earlier calls and for a thread).
 //! - `pulse_plugin_memory_bytes`: linear memory of the live instances.
-//! - `pulse_plugin_instances`: live instances.
+//! - `pulse_plugin_instances`: live instances, those made ahead of need
+//!   (`ready`) included.
 //! - `pulse_plugin_log_lines_dropped_total`: log lines of its jobs dropped
 //!   over their log rate (`bounds`).
 //! - `pulse_plugin_http_requests_total{host, status}`: outgoing HTTP

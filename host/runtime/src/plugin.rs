@@ -14,6 +14,7 @@ use crate::limits::{Limits, Quota};
 use crate::metrics::PluginMetrics;
 use crate::outbound::Outbound;
 use crate::outputs::JobOutputs;
+use crate::ready::{Ready, ReadyInstances, Registry};
 use crate::runner::JobRunner;
 
 /// How many instances serve a worker's jobs.
@@ -62,6 +63,10 @@ pub(crate) struct PluginInner {
     pub(crate) outbound: Arc<Outbound>,
     /// Its idle outgoing connections, shared by its instances.
     pub(crate) connections: Arc<crate::outbound::Connections>,
+    /// Its instances made ahead of need (job isolation).
+    pub(crate) ready: Arc<Ready>,
+    /// Every plugin's of the runtime, to free room for a start.
+    pub(crate) ready_registry: Arc<Registry>,
 }
 
 /// The 8 bytes every WebAssembly binary starts with: magic, then a version
@@ -86,6 +91,8 @@ impl Plugin {
             world: HANDLER_WORLD,
             message: format!("{e:#}"),
         })?;
+        let ready = Arc::new(Ready::default());
+        runtime.ready.add(&ready);
         Ok(Self {
             inner: Arc::new(PluginInner {
                 name: plugin(),
@@ -98,6 +105,8 @@ impl Plugin {
                 quota: Quota::new(name, options.limits.instances),
                 outbound: Arc::new(options.outbound),
                 connections: Arc::default(),
+                ready: ready.clone(),
+                ready_registry: runtime.ready.clone(),
             }),
         })
     }
@@ -115,6 +124,13 @@ impl Plugin {
     /// Its limits.
     pub fn limits(&self) -> Limits {
         self.inner.limits
+    }
+
+    /// Its instances made ahead of need (job isolation: a task of the
+    /// plugin makes them after each start, for the next), and how many
+    /// starts took one.
+    pub fn ready_instances(&self) -> ReadyInstances {
+        self.inner.ready.counts()
     }
 
     /// One instance on its own, outside any runner: for measuring and

@@ -125,6 +125,13 @@ impl HostState {
         }
     }
 
+    /// See [`crate::Instance::bind`].
+    pub(crate) fn bind(&mut self, outputs: Arc<dyn JobOutputs>, commands: WeakSender<Command>) {
+        self.http_hooks.bind(outputs.clone());
+        self.outputs = outputs;
+        self.commands = commands;
+    }
+
     /// Arms (or re-arms) timer `name` of job `key`; the caller checked that
     /// the job runs here.
     fn arm_timer(&mut self, key: &str, name: &str, delay: Duration, repeat: bool) {

@@ -148,6 +148,12 @@ impl OutboundHooks {
         }
     }
 
+    /// Its requests go to `outputs` from now on (see
+    /// [`crate::Instance::bind`]).
+    pub(crate) fn bind(&mut self, outputs: Arc<dyn JobOutputs>) {
+        self.outputs = outputs;
+    }
+
     /// A call of job `key` begins: its requests are fenced by that job.
     pub(crate) fn enter(&mut self, key: &str) {
         key.clone_into(&mut self.current);

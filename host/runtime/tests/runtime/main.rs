@@ -8,6 +8,7 @@
 //! - `capacity`: a thousand live instances and what they cost.
 //! - `outbound`: outgoing HTTP: allow-lists, limits, the fence.
 //! - `producers`: job producers and their plans.
+//! - `ready`: instances made ahead of need in job isolation.
 #![allow(clippy::unwrap_used, reason = "tests and their helpers: a panic is the failure report")]
 
 mod calls;
@@ -17,6 +18,7 @@ mod languages;
 mod load;
 mod outbound;
 mod producers;
+mod ready;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
