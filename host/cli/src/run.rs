@@ -114,6 +114,7 @@ fn outbound(
 pub(crate) fn runtime_config(config: &Config) -> RuntimeConfig {
     let runtime_config = RuntimeConfig::default()
         .max_instances(config.runtime.max_instances)
+        .ready_instances(config.runtime.ready_instances)
         .max_memory_per_instance(config.runtime.max_memory_per_instance)
         .memory_reservation(config.runtime.memory_reservation)
         .fuel(config.runtime.fuel);

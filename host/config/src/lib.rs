@@ -176,6 +176,9 @@ pub struct NodeConfig {
 pub struct RuntimeConfig {
     /// `max_instances`.
     pub max_instances: u32,
+    /// `ready_instances`: the most instances a plugin in job isolation
+    /// keeps made ahead of need.
+    pub ready_instances: u32,
     /// `max_memory_per_instance`, bytes.
     pub max_memory_per_instance: u64,
     /// `memory_reservation`, bytes: the address space each instance's

@@ -51,6 +51,13 @@ const CORE_INSTANCES_AVERAGE: u32 = 8;
 /// most this much after its instance ends.
 const KEEP_RESIDENT: usize = 1 << 20;
 
+/// How many instances a job-isolated plugin keeps made ahead of need by
+/// default, at most (see `ready`).
+pub const DEFAULT_READY_INSTANCES: u32 = 8;
+
+/// The most `ready_instances` may be.
+pub const MAX_READY_INSTANCES: u32 = 64;
+
 /// Settings of the process-wide engine.
 ///
 /// Defaults:
@@ -64,10 +71,13 @@ const KEEP_RESIDENT: usize = 1 << 20;
 /// - `epoch_tick`: 10 ms between epoch increments: how often a running guest
 ///   yields to the async runtime, and so the granularity of call timeouts;
 /// - `fuel`: off; on, plugins may set a per-call fuel budget;
-/// - `cache_dir`: none (no compilation cache).
+/// - `cache_dir`: none (no compilation cache);
+/// - `ready_instances`: 8, the most instances each job-isolated plugin
+///   keeps made ahead of need (0: none).
 #[derive(Debug, Clone)]
 pub struct RuntimeConfig {
     max_instances: u32,
+    ready_instances: u32,
     max_memory_per_instance: u64,
     memory_reservation: u64,
     epoch_tick: Duration,
@@ -79,6 +89,7 @@ impl Default for RuntimeConfig {
     fn default() -> Self {
         Self {
             max_instances: 1_000,
+            ready_instances: DEFAULT_READY_INSTANCES,
             max_memory_per_instance: 64 << 20,
             memory_reservation: DEFAULT_MEMORY_RESERVATION,
             epoch_tick: Duration::from_millis(10),
@@ -93,6 +104,15 @@ impl RuntimeConfig {
     #[must_use]
     pub fn max_instances(mut self, count: u32) -> Self {
         self.max_instances = count;
+        self
+    }
+
+    /// The most instances each plugin in job isolation keeps made ahead
+    /// of need, so that a start does not wait for one (0: none). At most
+    /// [`MAX_READY_INSTANCES`].
+    #[must_use]
+    pub fn ready_instances(mut self, count: u32) -> Self {
+        self.ready_instances = count;
         self
     }
 
@@ -142,6 +162,11 @@ impl RuntimeConfig {
         self.max_instances
     }
 
+    /// The most instances a job-isolated plugin keeps ready.
+    pub fn ready_ceiling(&self) -> u32 {
+        self.ready_instances
+    }
+
     /// The memory ceiling per instance, in bytes.
     pub fn memory_ceiling(&self) -> u64 {
         self.max_memory_per_instance
@@ -162,6 +187,12 @@ impl RuntimeConfig {
     pub fn validate(&self) -> Result<(), EngineError> {
         if self.max_instances == 0 {
             return Err(EngineError::Invalid("max_instances must be at least 1".into()));
+        }
+        if self.ready_instances > MAX_READY_INSTANCES {
+            return Err(EngineError::Invalid(format!(
+                "ready_instances must be 0 to {MAX_READY_INSTANCES}, got {}",
+                self.ready_instances
+            )));
         }
         if self.max_memory_per_instance > self.memory_reservation {
             return Err(EngineError::Invalid(format!(

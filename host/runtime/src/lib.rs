@@ -62,7 +62,10 @@ mod producer;
 mod ready;
 mod runner;
 
-pub use engine::{DEFAULT_MEMORY_RESERVATION, MAPPINGS_PER_INSTANCE, Runtime, RuntimeConfig};
+pub use engine::{
+    DEFAULT_MEMORY_RESERVATION, DEFAULT_READY_INSTANCES, MAPPINGS_PER_INSTANCE, MAX_READY_INSTANCES, Runtime,
+    RuntimeConfig,
+};
 pub use error::{CallError, EngineError, HostRefusal, JobError, LoadError};
 pub use instance::Instance;
 pub use job::Job;

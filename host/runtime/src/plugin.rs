@@ -91,7 +91,7 @@ impl Plugin {
             world: HANDLER_WORLD,
             message: format!("{e:#}"),
         })?;
-        let ready = Arc::new(Ready::default());
+        let ready = Arc::new(Ready::new(runtime.config.ready_ceiling()));
         runtime.ready.add(&ready);
         Ok(Self {
             inner: Arc::new(PluginInner {

@@ -6,7 +6,8 @@
 //! first pages). A plugin's [`Ready`] keeps a few instances made by a
 //! task of its own, so that this work is done beside the jobs' path, not
 //! on it. How many: about one per thousand starts a second in the last
-//! second or the current one, at least one, at most [`MAX_READY`]; none
+//! second or the current one, at least one, at most `runtime.ready_instances`
+//! (8 by default; 0 keeps none); none
 //! once the plugin has started nothing for [`IDLE`] (the task drops them
 //! and ends; the next start begins it again).
 //!
@@ -25,9 +26,6 @@ use crate::instance::Instance;
 use crate::outputs::JobOutputs;
 use crate::plugin::PluginInner;
 
-/// Most instances a plugin keeps ready.
-pub(crate) const MAX_READY: usize = 8;
-
 /// Starts a second that one more ready instance is kept for.
 const STARTS_PER_READY: u32 = 1_000;
 
@@ -45,8 +43,9 @@ pub struct ReadyInstances {
 }
 
 /// One plugin's ready instances.
-#[derive(Default)]
 pub(crate) struct Ready {
+    /// The most it keeps (`runtime.ready_instances`; 0: none).
+    most: usize,
     state: Mutex<State>,
     /// Told at each start, so the task makes another.
     started: Notify,
@@ -84,14 +83,23 @@ impl State {
         self.this_second = self.this_second.saturating_add(1);
     }
 
-    /// How many instances to keep ready now.
-    fn target(&self) -> usize {
+    /// How many instances to keep ready now, of at most `most`.
+    fn target(&self, most: usize) -> usize {
         let rate = self.this_second.max(self.last_second);
-        usize::try_from(rate.div_ceil(STARTS_PER_READY)).unwrap_or(MAX_READY).clamp(1, MAX_READY)
+        usize::try_from(rate.div_ceil(STARTS_PER_READY)).unwrap_or(most).max(1).min(most)
     }
 }
 
 impl Ready {
+    pub(crate) fn new(most: u32) -> Self {
+        Self {
+            most: usize::try_from(most).unwrap_or(usize::MAX),
+            state: Mutex::default(),
+            started: Notify::new(),
+            making: Arc::default(),
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         // Held for a few field updates, never across an await.
         self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -133,6 +141,9 @@ pub(crate) fn take(
 /// A start of `plugin` has its instance: the plugin's task makes the
 /// next (after it, so that the two do not compete for the last room).
 pub(crate) fn started(plugin: &Arc<PluginInner>) {
+    if plugin.ready.most == 0 {
+        return;
+    }
     let start_task = {
         let mut state = plugin.ready.lock();
         !std::mem::replace(&mut state.filling, true)
@@ -153,7 +164,7 @@ async fn fill(plugin: Weak<PluginInner>) {
             loop {
                 let wanted = {
                     let state = plugin.ready.lock();
-                    state.instances.len() < state.target()
+                    state.instances.len() < state.target(plugin.ready.most)
                 };
                 if !wanted {
                     break;

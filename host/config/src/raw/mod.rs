@@ -42,6 +42,8 @@ const EVENTS_MAX_BYTES: RangeInclusive<u64> = 1..=(16 << 30);
 const LEASE_TTL: RangeInclusive<Duration> = millis(400)..=secs(3600);
 const SHUTDOWN_TIMEOUT: RangeInclusive<Duration> = millis(100)..=secs(3600);
 const MAX_INSTANCES: RangeInclusive<u64> = 1..=1_000_000;
+/// `pulse_runtime::MAX_READY_INSTANCES`.
+const READY_INSTANCES: RangeInclusive<u64> = 0..=64;
 const MEMORY: RangeInclusive<u64> = (64 << 10)..=(4 << 30);
 const CALL_TIMEOUT: RangeInclusive<Duration> = millis(1)..=secs(3600);
 const FUEL: RangeInclusive<u64> = 1..=(1 << 60);
@@ -134,6 +136,7 @@ struct Node {
 #[serde(deny_unknown_fields)]
 struct Runtime {
     max_instances: Option<Spanned<u64>>,
+    ready_instances: Option<Spanned<u64>>,
     max_memory_per_instance: Option<Spanned<String>>,
     memory_reservation: Option<Spanned<String>>,
     cache_dir: Option<String>,
@@ -288,6 +291,12 @@ impl File {
                 self.runtime.max_instances.as_ref(),
                 defaults.runtime.max_instances.into(),
                 MAX_INSTANCES,
+            ) as u32,
+            ready_instances: check.count(
+                "runtime.ready_instances",
+                self.runtime.ready_instances.as_ref(),
+                defaults.runtime.ready_instances.into(),
+                READY_INSTANCES,
             ) as u32,
             max_memory_per_instance: check.size(
                 "runtime.max_memory_per_instance",

@@ -24,6 +24,7 @@ fn defaults() -> Defaults {
         },
         runtime: RuntimeConfig {
             max_instances: 321,
+            ready_instances: 5,
             max_memory_per_instance: 32 << 20,
             memory_reservation: 1 << 30,
             cache_dir: None,
@@ -84,6 +85,15 @@ fn a_memory_reservation_below_the_memory_ceiling_is_refused() {
     let text = "[runtime]\nmax_instances = 200000\nmax_memory_per_instance = \"16MiB\"\nmemory_reservation = \"16MiB\"\n";
     let config = parse(Path::new("c.toml"), text).unwrap();
     assert_eq!((config.runtime.max_instances, config.runtime.memory_reservation), (200_000, 16 << 20));
+}
+
+#[test]
+fn ready_instances_are_read_and_bounded() {
+    let config = parse(Path::new("c.toml"), "[runtime]\nready_instances = 0\n").unwrap();
+    assert_eq!(config.runtime.ready_instances, 0);
+    let error = parse(Path::new("c.toml"), "[runtime]\nready_instances = 65\n").unwrap_err();
+    assert_eq!(error.problems.iter().map(|p| p.line).collect::<Vec<_>>(), [Some(2)], "{error}");
+    assert!(error.to_string().contains("runtime.ready_instances"), "{error}");
 }
 
 #[test]

@@ -80,3 +80,19 @@ async fn a_start_refused_for_room_frees_what_another_plugin_holds_ready() {
     counters.close().await;
     echoes.close().await;
 }
+
+#[tokio::test]
+async fn ready_instances_zero_keeps_none_and_more_than_the_most_is_refused() {
+    let runtime = Runtime::new(RuntimeConfig::default().ready_instances(0)).unwrap();
+    let plugin = load(&runtime, ECHO, options(Isolation::Job, &[]));
+    let (runner, _) = runner(&plugin);
+    for key in ["a", "b", "c"] {
+        runner.start(Job::new(key, "")).await.unwrap();
+        runner.notify(key, b"x".to_vec()).await.unwrap();
+    }
+    assert_eq!(plugin.ready_instances(), pulse_runtime::ReadyInstances { ready: 0, taken: 0 });
+    runner.close().await;
+
+    let error = RuntimeConfig::default().ready_instances(65).validate().unwrap_err();
+    assert!(error.to_string().contains("ready_instances must be 0 to 64, got 65"), "{error}");
+}
