@@ -6,10 +6,10 @@
 //! first pages). A plugin's [`Ready`] keeps a few instances made by a
 //! task of its own, so that this work is done beside the jobs' path, not
 //! on it. How many: about one per thousand starts a second in the last
-//! second or the current one, at least one, at most `runtime.ready_instances`
-//! (8 by default; 0 keeps none); none
-//! once the plugin has started nothing for [`IDLE`] (the task drops them
-//! and ends; the next start begins it again).
+//! second or the current one, at least one, at most
+//! `runtime.ready_instances` (8 by default; 0 keeps none); none once the
+//! plugin has started nothing for [`IDLE`] (the task drops them and ends;
+//! the next start begins it again).
 //!
 //! A ready instance counts against its plugin's quota and the runtime's
 //! `max_instances` like any other. A start of the same plugin takes it, so
@@ -48,7 +48,7 @@ pub(crate) struct Ready {
     most: usize,
     state: Mutex<State>,
     /// Told at each start, so the task makes another.
-    started: Notify,
+    started: Arc<Notify>,
     /// Held by the task while it makes an instance.
     making: Arc<tokio::sync::Mutex<()>>,
 }
@@ -95,7 +95,7 @@ impl Ready {
         Self {
             most: usize::try_from(most).unwrap_or(usize::MAX),
             state: Mutex::default(),
-            started: Notify::new(),
+            started: Arc::default(),
             making: Arc::default(),
         }
     }
@@ -183,11 +183,17 @@ async fn fill(plugin: Weak<PluginInner>) {
                 }
             }
         }
-        let Some(started) = plugin.upgrade().map(|plugin| plugin.ready.clone()) else { return };
-        if tokio::time::timeout(IDLE, started.started.notified()).await.is_err() {
-            let mut state = started.lock();
-            state.instances.clear();
-            state.filling = false;
+        // Only the bell is held while waiting: a plugin dropped meanwhile
+        // (a reload removed it) drops its ready instances at once.
+        let Some(started) = plugin.upgrade().map(|plugin| plugin.ready.started.clone()) else { return };
+        if tokio::time::timeout(IDLE, started.notified()).await.is_err() {
+            let Some(plugin) = plugin.upgrade() else { return };
+            let idle = {
+                let mut state = plugin.ready.lock();
+                state.filling = false;
+                std::mem::take(&mut state.instances)
+            };
+            drop(idle);
             return;
         }
     }

@@ -96,3 +96,17 @@ async fn ready_instances_zero_keeps_none_and_more_than_the_most_is_refused() {
     let error = RuntimeConfig::default().ready_instances(65).validate().unwrap_err();
     assert!(error.to_string().contains("ready_instances must be 0 to 64, got 65"), "{error}");
 }
+
+#[tokio::test]
+async fn a_plugin_without_starts_drops_its_ready_instances() {
+    let runtime = runtime();
+    let plugin = load(&runtime, ECHO, options(Isolation::Job, &[]));
+    let (runner, _) = runner(&plugin);
+    runner.start(Job::new("a", "")).await.unwrap();
+    until_ready(&plugin, 1).await;
+    // Ten seconds without a start (PATIENCE is twice that).
+    until_ready(&plugin, 0).await;
+    runner.start(Job::new("b", "")).await.unwrap();
+    until_ready(&plugin, 1).await;
+    runner.close().await;
+}
