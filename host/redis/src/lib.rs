@@ -45,4 +45,4 @@ pub use dedicated::Dedicated;
 pub use doorbell::{Doorbell, Ring};
 pub use shared::{Shared, key_slot};
 pub use subscribe::Subscription;
-pub use target::{DEFAULT_RESPONSE_TIMEOUT, Error, Form, Redis};
+pub use target::{DEFAULT_RESPONSE_TIMEOUT, Error, Form, Redis, cluster_seeds};

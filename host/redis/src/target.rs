@@ -156,6 +156,35 @@ fn parts(rest: &str, secure: bool, default_port: u16) -> Result<Parts<'_>, Error
     Ok(Parts { secure, user, password, hosts, path })
 }
 
+/// One server's URL: `redis://` or `rediss://`, then `userinfo` (empty,
+/// or ending in `@`), then the host (an IPv6 one in brackets) and port.
+fn node_url(secure: bool, userinfo: &str, (host, port): &(String, u16)) -> String {
+    let scheme = if secure { "rediss" } else { "redis" };
+    match host.contains(':') {
+        true => format!("{scheme}://{userinfo}[{host}]:{port}"),
+        false => format!("{scheme}://{userinfo}{host}:{port}"),
+    }
+}
+
+/// The seeds of a cluster URL (`redis+cluster://`, `rediss+cluster://`),
+/// each as a single server's URL with the cluster URL's credentials: to
+/// ask a node for its own figures (`INFO`), which the cluster connection
+/// answers per node. `None` for the other forms.
+///
+/// # Errors
+/// [`Error::InvalidUrl`] for a cluster URL [`Redis::open`] refuses too.
+pub fn cluster_seeds(url: &str) -> Result<Option<Vec<String>>, Error> {
+    let Some(("redis+cluster" | "rediss+cluster", rest)) = url.split_once("://") else { return Ok(None) };
+    let parts = parts(rest, url.starts_with("rediss"), 6379)?;
+    // As the cluster client takes them: a user only beside a password.
+    let userinfo = match (parts.user, parts.password) {
+        (Some(user), Some(password)) => format!("{user}:{password}@"),
+        (None, Some(password)) => format!(":{password}@"),
+        _ => String::new(),
+    };
+    Ok(Some(parts.hosts.iter().map(|host| node_url(parts.secure, &userinfo, host)).collect()))
+}
+
 fn host_port(text: &str, default_port: u16) -> Result<(String, u16), Error> {
     let (host, port) = if let Some(v6) = text.strip_prefix('[') {
         let (host, after) =
@@ -237,14 +266,8 @@ impl Redis {
                 if !matches!(parts.path, "" | "/") {
                     return Err(invalid("a cluster URL has no path: a cluster has one database"));
                 }
-                let seeds: Vec<String> = parts
-                    .hosts
-                    .iter()
-                    .map(|(host, port)| {
-                        let host = if host.contains(':') { format!("[{host}]") } else { host.clone() };
-                        format!("{}://{host}:{port}", if parts.secure { "rediss" } else { "redis" })
-                    })
-                    .collect();
+                let seeds: Vec<String> =
+                    parts.hosts.iter().map(|host| node_url(parts.secure, "", host)).collect();
                 let builder = || {
                     let mut builder = ClusterClientBuilder::new(seeds.clone()).tcp_settings(tcp());
                     if let Some(user) = parts.user {
@@ -424,6 +447,32 @@ mod tests {
         assert_eq!(sentinel.map(|r| r.form()).ok(), Some(Form::Sentinel));
         let cluster = Redis::open("redis+cluster://127.0.0.1:7000,127.0.0.1:7001/");
         assert_eq!(cluster.map(|r| r.form()).ok(), Some(Form::Cluster));
+    }
+
+    #[test]
+    fn a_cluster_url_s_seeds_are_single_servers_with_its_credentials() {
+        let seeds = |url| cluster_seeds(url).unwrap();
+        assert_eq!(
+            seeds("redis+cluster://127.0.0.1:7000,127.0.0.1:7001/"),
+            Some(vec!["redis://127.0.0.1:7000".to_owned(), "redis://127.0.0.1:7001".to_owned()])
+        );
+        assert_eq!(
+            seeds("redis+cluster://app:secret@10.0.0.1:7000,10.0.0.2:7000/"),
+            Some(vec![
+                "redis://app:secret@10.0.0.1:7000".to_owned(),
+                "redis://app:secret@10.0.0.2:7000".to_owned()
+            ])
+        );
+        assert_eq!(seeds("rediss+cluster://10.0.0.1:7000/"), Some(vec!["rediss://10.0.0.1:7000".to_owned()]));
+        assert_eq!(
+            seeds("redis+cluster://pw@[::1]:7000,10.0.0.2/"),
+            Some(vec!["redis://:pw@[::1]:7000".to_owned(), "redis://:pw@10.0.0.2:6379".to_owned()])
+        );
+        assert_eq!(seeds("redis://127.0.0.1:6379"), None);
+        assert_eq!(seeds("redis+sentinel://127.0.0.1:26379/main"), None);
+        assert_eq!(seeds("redis+unix:///tmp/redis.sock"), None);
+        let error = cluster_seeds("redis+cluster://a:1,,b:2/").unwrap_err().to_string();
+        assert!(error.contains("empty host"), "{error}");
     }
 
     #[test]

@@ -180,25 +180,6 @@ pub fn run(args: &Args) -> BenchResult {
     Ok(())
 }
 
-/// The seeds of a `redis+cluster://` (or `rediss+cluster://`) URL, each
-/// as a server of its own (`redis://host:port`, `rediss://…`), whose
-/// figures a line reads: name every master in an external cluster's URL
-/// to have them all counted. `None` for any other URL.
-fn cluster_seeds(url: &str) -> Option<Vec<String>> {
-    let (scheme, rest) = url.split_once("://")?;
-    let scheme = scheme.strip_suffix("+cluster")?;
-    let seeds = rest.split('/').next().unwrap_or_default();
-    let (user, seeds) = seeds.rsplit_once('@').map_or(("", seeds), |(user, hosts)| (user, hosts));
-    let at = if user.is_empty() { "" } else { "@" };
-    Some(
-        seeds
-            .split(',')
-            .filter(|seed| !seed.is_empty())
-            .map(|seed| format!("{scheme}://{user}{at}{seed}"))
-            .collect(),
-    )
-}
-
 /// A Redis the scenario runs on, up while it runs: a private server, one
 /// with a replica (to confirm dispatches on), the one `--redis` names (a
 /// cluster read at each seed), or a private cluster (of three masters
@@ -246,7 +227,7 @@ impl Deployment {
             }
             (Some(url), _) => {
                 // A cluster's figures are read from each master it names.
-                let seeds = cluster_seeds(url);
+                let seeds = pulse_redis::cluster_seeds(url)?;
                 vec![Self {
                     layout: if seeds.is_some() { "cluster" } else { "single" },
                     url: url.to_owned(),
@@ -450,31 +431,4 @@ async fn measure(
 
 pub(super) fn key_of(concurrency: usize, i: usize) -> String {
     format!("c{concurrency}-{i}")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::cluster_seeds;
-
-    #[test]
-    fn an_external_cluster_is_read_at_each_seed_with_its_credentials() {
-        assert_eq!(
-            cluster_seeds("redis+cluster://127.0.0.1:7000,127.0.0.1:7001/"),
-            Some(vec!["redis://127.0.0.1:7000".to_owned(), "redis://127.0.0.1:7001".to_owned()])
-        );
-        assert_eq!(
-            cluster_seeds("redis+cluster://app:secret@10.0.0.1:7000,10.0.0.2:7000/"),
-            Some(vec![
-                "redis://app:secret@10.0.0.1:7000".to_owned(),
-                "redis://app:secret@10.0.0.2:7000".to_owned()
-            ])
-        );
-        assert_eq!(
-            cluster_seeds("rediss+cluster://10.0.0.1:7000/"),
-            Some(vec!["rediss://10.0.0.1:7000".to_owned()])
-        );
-        assert_eq!(cluster_seeds("redis://127.0.0.1:6379"), None);
-        assert_eq!(cluster_seeds("redis+sentinel://127.0.0.1:26379/main"), None);
-        assert_eq!(cluster_seeds("redis+unix:///tmp/redis.sock"), None);
-    }
 }
