@@ -79,6 +79,36 @@ pub trait JobOutputs: Send + Sync + 'static {
 /// ([`JobOutputs::lost`]).
 pub const LOSS_CHECK: Duration = Duration::from_millis(50);
 
+/// The outputs of an instance that runs no job: a producer's (its world
+/// does not import the job requests; a component that imports them anyway
+/// gets `not-owned`), or one made ahead of need until a start binds it
+/// (`ready`). Every job request is refused, and no job's code may run.
+pub(crate) struct NoJobs;
+
+impl JobOutputs for NoJobs {
+    fn emit<'a>(&'a self, _key: &'a str, _payload: Vec<u8>) -> BoxFuture<'a, Result<(), HostRefusal>> {
+        Box::pin(async { Err(HostRefusal::NotOwned) })
+    }
+
+    fn save_state<'a>(&'a self, _key: &'a str, _state: Vec<u8>) -> BoxFuture<'a, Result<(), HostRefusal>> {
+        Box::pin(async { Err(HostRefusal::NotOwned) })
+    }
+
+    fn complete<'a>(&'a self, _key: &'a str) -> BoxFuture<'a, Result<(), HostRefusal>> {
+        Box::pin(async { Err(HostRefusal::NotOwned) })
+    }
+
+    fn job_failed<'a>(&'a self, _key: &'a str, _error: &'a CallError) -> BoxFuture<'a, ()> {
+        Box::pin(async {})
+    }
+
+    /// A producer's requests are not fenced, so this is asked of a
+    /// job-handler's instance only.
+    fn may_run(&self, _key: &str) -> bool {
+        false
+    }
+}
+
 /// The fence of one run of a job (the `fence` record of the WIT
 /// contract): a service the job writes to keeps the largest `token` it saw
 /// per pool and key and refuses writes with a smaller one.

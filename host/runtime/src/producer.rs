@@ -12,13 +12,13 @@ use crate::bindings::producer::JobProducerPre;
 use crate::bindings::producer::exports::pulse::job::producer as wit;
 use crate::bounds::{LogGate, MAX_ERROR_TEXT, cut};
 use crate::engine::RuntimeInner;
-use crate::error::{CallError, HostRefusal, JobError, LoadError};
+use crate::error::{CallError, JobError, LoadError};
 use crate::host::HostState;
 use crate::instance::{classify, new_store, refuel};
 use crate::limits::{Limiter, Limits, Quota};
 use crate::metrics::PluginMetrics;
 use crate::outbound::{Outbound, OutboundHooks};
-use crate::outputs::{BoxFuture, JobOutputs};
+use crate::outputs::NoJobs;
 use crate::plugin::{check_options, compile};
 
 const PRODUCER_WORLD: &str = "job-producer";
@@ -171,27 +171,5 @@ impl std::fmt::Debug for Producer {
             .field("name", &self.inner.name)
             .field("limits", &self.inner.limits)
             .finish_non_exhaustive()
-    }
-}
-
-/// A producer runs no jobs: every job request is refused (its world does
-/// not import them; a component that imports them anyway gets `not-owned`).
-struct NoJobs;
-
-impl JobOutputs for NoJobs {
-    fn emit<'a>(&'a self, _key: &'a str, _payload: Vec<u8>) -> BoxFuture<'a, Result<(), HostRefusal>> {
-        Box::pin(async { Err(HostRefusal::NotOwned) })
-    }
-
-    fn save_state<'a>(&'a self, _key: &'a str, _state: Vec<u8>) -> BoxFuture<'a, Result<(), HostRefusal>> {
-        Box::pin(async { Err(HostRefusal::NotOwned) })
-    }
-
-    fn complete<'a>(&'a self, _key: &'a str) -> BoxFuture<'a, Result<(), HostRefusal>> {
-        Box::pin(async { Err(HostRefusal::NotOwned) })
-    }
-
-    fn job_failed<'a>(&'a self, _key: &'a str, _error: &'a CallError) -> BoxFuture<'a, ()> {
-        Box::pin(async {})
     }
 }

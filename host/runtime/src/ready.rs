@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{Notify, mpsc};
 
 use crate::instance::Instance;
-use crate::outputs::JobOutputs;
+use crate::outputs::{JobOutputs, NoJobs};
 use crate::plugin::PluginInner;
 
 /// Starts a second that one more ready instance is kept for.
@@ -174,7 +174,7 @@ async fn fill(plugin: Weak<PluginInner>) {
                 let _making = plugin.ready.making.lock().await;
                 // Bound to nothing until a start takes it: no job runs in it.
                 let (commands, _) = mpsc::channel(1);
-                match Instance::new(&plugin, Arc::new(Unbound), commands.downgrade()).await {
+                match Instance::new(&plugin, Arc::new(NoJobs), commands.downgrade()).await {
                     Ok(instance) => plugin.ready.lock().instances.push(instance),
                     // Quota or pool full: starts instantiate (and are refused
                     // or not) as without ready instances; try again after the
@@ -196,40 +196,6 @@ async fn fill(plugin: Weak<PluginInner>) {
             drop(idle);
             return;
         }
-    }
-}
-
-/// What a ready instance's requests go to before a start binds it: none
-/// is made, as no job runs in it (instantiation runs no handler).
-struct Unbound;
-
-impl JobOutputs for Unbound {
-    fn emit<'a>(
-        &'a self,
-        _key: &'a str,
-        _payload: Vec<u8>,
-    ) -> crate::BoxFuture<'a, Result<(), crate::HostRefusal>> {
-        Box::pin(async { Err(crate::HostRefusal::NotOwned) })
-    }
-
-    fn save_state<'a>(
-        &'a self,
-        _key: &'a str,
-        _state: Vec<u8>,
-    ) -> crate::BoxFuture<'a, Result<(), crate::HostRefusal>> {
-        Box::pin(async { Err(crate::HostRefusal::NotOwned) })
-    }
-
-    fn complete<'a>(&'a self, _key: &'a str) -> crate::BoxFuture<'a, Result<(), crate::HostRefusal>> {
-        Box::pin(async { Err(crate::HostRefusal::NotOwned) })
-    }
-
-    fn job_failed<'a>(&'a self, _key: &'a str, _error: &'a crate::CallError) -> crate::BoxFuture<'a, ()> {
-        Box::pin(async {})
-    }
-
-    fn may_run(&self, _key: &str) -> bool {
-        false
     }
 }
 
