@@ -71,6 +71,20 @@ pub fn anonymous_bytes_of(pid: &str) -> u64 {
     status_bytes(pid, "RssAnon:")
 }
 
+/// CPU time process `pid` (a number, or `self`) has used so far, user and
+/// system over all its threads, in µs (`utime` + `stime` of
+/// `/proc/PID/stat`, in the kernel's fixed 100 ticks a second, so to 10
+/// ms); 0 when it cannot be read.
+pub fn cpu_us_of(pid: &str) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The command name, in parentheses, may hold spaces: count fields after it.
+    let fields: Vec<&str> =
+        stat.rsplit_once(')').map_or(vec![], |(_, rest)| rest.split_whitespace().collect());
+    let ticks = |at: usize| fields.get(at).and_then(|field| field.parse::<u64>().ok()).unwrap_or(0);
+    // After the name: state (field 3), … utime (14), stime (15).
+    (ticks(11) + ticks(12)) * 10_000
+}
+
 /// A `kB` line of `/proc/PID/status`, in bytes; 0 when it cannot be read.
 fn status_bytes(pid: &str, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();

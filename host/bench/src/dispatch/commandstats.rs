@@ -141,28 +141,47 @@ impl Commandstats {
     }
 }
 
-/// The Redis servers a line is measured on: the one server, or each
-/// master of a cluster (read directly: `INFO` through a cluster
-/// connection would not say which node answered).
-pub(super) struct Servers(Vec<pulse_redis::Shared>);
+/// What a line is measured on: the Redis servers (the one server, or each
+/// master of a cluster, read directly: `INFO` through a cluster
+/// connection would not say which node answered), and the two processes
+/// on this machine beside them, this one (the dispatching node, or the
+/// HTTP client) and the one its workers run in (the no-op workers, or the
+/// host with its API).
+pub(super) struct Servers {
+    redis: Vec<pulse_redis::Shared>,
+    workers: u32,
+}
+
+/// The figures so far: each server's, and the CPU µs this process and the
+/// workers' process used.
+pub(super) struct Reading {
+    redis: Vec<Commandstats>,
+    client_us: u64,
+    workers_us: u64,
+}
 
 impl Servers {
-    /// The servers at `urls` (single-server URLs).
-    pub(super) async fn open(urls: &[String]) -> Result<Self, Box<dyn std::error::Error>> {
-        let mut conns = Vec::new();
+    /// The servers at `urls` (single-server URLs), and the workers'
+    /// process `workers`.
+    pub(super) async fn open(urls: &[String], workers: u32) -> Result<Self, Box<dyn std::error::Error>> {
+        let mut redis = Vec::new();
         for url in urls {
-            conns.push(pulse_redis::Redis::open(url.as_str())?.shared().await?);
+            redis.push(pulse_redis::Redis::open(url.as_str())?.shared().await?);
         }
-        Ok(Self(conns))
+        Ok(Self { redis, workers })
     }
 
-    /// Each server's figures so far.
-    pub(super) async fn read(&mut self) -> redis::RedisResult<Vec<Commandstats>> {
-        let mut all = Vec::with_capacity(self.0.len());
-        for conn in &mut self.0 {
+    /// Each server's figures so far, and the two processes' CPU.
+    pub(super) async fn read(&mut self) -> redis::RedisResult<Reading> {
+        let mut all = Vec::with_capacity(self.redis.len());
+        for conn in &mut self.redis {
             all.push(Commandstats::read(conn).await?);
         }
-        Ok(all)
+        Ok(Reading {
+            redis: all,
+            client_us: report::cpu_us_of("self"),
+            workers_us: report::cpu_us_of(&self.workers.to_string()),
+        })
     }
 }
 
@@ -175,10 +194,16 @@ pub(super) struct Spent {
     pub(super) servers: usize,
     /// The busiest server's share of the CPU all of them used.
     pub(super) busiest_share: f64,
+    /// CPU µs this process and the workers' process used.
+    client_us: u64,
+    workers_us: u64,
 }
 
 impl Spent {
-    pub(super) fn new(before: Vec<Commandstats>, after: Vec<Commandstats>) -> Self {
+    pub(super) fn new(before: Reading, after: Reading) -> Self {
+        let client_us = after.client_us.saturating_sub(before.client_us);
+        let workers_us = after.workers_us.saturating_sub(before.workers_us);
+        let (before, after) = (before.redis, after.redis);
         let used: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a.process_us_since(b)).collect();
         let total: u64 = used.iter().sum();
         let busiest = used.iter().copied().max().unwrap_or(0);
@@ -187,12 +212,18 @@ impl Spent {
             busiest_share: if total == 0 { 0.0 } else { busiest as f64 / total as f64 },
             before: Commandstats::sum(before),
             after: Commandstats::sum(after),
+            client_us,
+            workers_us,
         }
     }
 
     /// The fields every line shows of it, per job of `jobs`: commands, their
     /// CPU, the Redis processes' CPU (summed over servers) in all and in
-    /// the kernel, servers, the busiest one's share, errors answered.
+    /// the kernel, servers, the busiest one's share, errors answered; the
+    /// CPU of this process (`client_cpu_us_per_job`: the dispatching node,
+    /// or the HTTP client) and of the workers' process
+    /// (`workers_cpu_us_per_job`: the no-op workers, or the host with its
+    /// API and the dispatching node behind it), to 10 ms a line.
     pub(super) fn fields(&self, line: report::Result, jobs: usize) -> report::Result {
         let (calls, usec) = self.after.total_since(&self.before);
         let per_job = |value: u64| value as f64 / jobs as f64;
@@ -209,5 +240,7 @@ impl Spent {
             .field("servers", self.servers)
             .field("busiest_server_cpu_share", format!("{:.2}", self.busiest_share))
             .field("redis_errors", self.after.errors_since(&self.before))
+            .field("client_cpu_us_per_job", format!("{:.1}", per_job(self.client_us)))
+            .field("workers_cpu_us_per_job", format!("{:.1}", per_job(self.workers_us)))
     }
 }

@@ -305,7 +305,7 @@ fn run_handler(
             Some(address) => Dispatcher::http(address, &pool).await?,
             None => Dispatcher::Node(node.clone()),
         };
-        let mut servers = Servers::open(&deployment.servers).await?;
+        let mut servers = Servers::open(&deployment.servers, workers.id()).await?;
         let mut line = Line {
             layout: deployment.layout,
             groups: deployment.groups,
