@@ -10,6 +10,7 @@ mod adapter;
 pub mod defaults;
 mod gate;
 pub mod local;
+mod pages;
 pub mod registry;
 mod reload;
 mod rollout;

@@ -157,6 +157,7 @@ pub fn node_options(config: &Config) -> NodeOptions {
 /// Not cancel safe: dropping it skips the leaving; the host's workers are
 /// then evicted when their leases end.
 pub async fn run(config: &Config, client: &pulse_redis::Redis) -> anyhow::Result<()> {
+    crate::pages::prefer_small_pages();
     // The process's root token: the HTTP server and every node take a
     // child of it. Cancelled on the way out, it ends whatever did not end
     // in order (after a second signal, the nodes still leaving: their

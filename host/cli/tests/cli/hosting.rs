@@ -71,6 +71,12 @@ fn the_cli_dispatches_notifies_lists_and_stops_jobs_of_a_running_host() {
     assert_eq!(code, 0);
     let workers: serde_json::Value = serde_json::from_str(&workers).unwrap();
     assert!(workers.as_array().unwrap().iter().all(|w| w["pid"] == host.child.id()), "{workers}");
+    // Its heap grows in 4 KiB pages, not transparent huge pages
+    // (host/cli/src/pages.rs), unless mimalloc's variable says otherwise.
+    if std::env::var_os("MIMALLOC_ALLOW_THP").is_none() {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", host.child.id())).unwrap();
+        assert!(status.contains("THP_enabled:\t0"), "{status}");
+    }
 
     let batch = dir.path().join("jobs.jsonl");
     std::fs::write(
