@@ -76,8 +76,13 @@ pub fn anonymous_bytes_of(pid: &str) -> u64 {
 /// `/proc/PID/stat`, in the kernel's fixed 100 ticks a second, so to 10
 /// ms); 0 when it cannot be read.
 pub fn cpu_us_of(pid: &str) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // The command name, in parentheses, may hold spaces: count fields after it.
+    cpu_us_in(&std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default())
+}
+
+/// [`cpu_us_of`] from the text of a `/proc/PID/stat`.
+fn cpu_us_in(stat: &str) -> u64 {
+    // The command name, in parentheses, may hold spaces and parentheses:
+    // count the fields after the last `)`.
     let fields: Vec<&str> =
         stat.rsplit_once(')').map_or(vec![], |(_, rest)| rest.split_whitespace().collect());
     let ticks = |at: usize| fields.get(at).and_then(|field| field.parse::<u64>().ok()).unwrap_or(0);
@@ -93,4 +98,16 @@ fn status_bytes(pid: &str, field: &str) -> u64 {
         .find_map(|line| line.strip_prefix(field))
         .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .map_or(0, |kib| kib * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn cpu_time_is_utime_and_stime_counted_after_the_command_name() {
+        // pid, name (with a space and a parenthesis), state, then fields 4
+        // to 13, utime 250 and stime 30 ticks, and more.
+        let stat = "4242 (serve (host) x) S 1 4242 4242 0 -1 4194560 900 0 0 0 250 30 0 0 20 0 9";
+        assert_eq!(super::cpu_us_in(stat), 280 * 10_000);
+        assert_eq!(super::cpu_us_in(""), 0);
+    }
 }
