@@ -45,8 +45,9 @@ impl Core {
     }
 
     /// Makes worker `id` a member: entry, lease and its share of the
-    /// slots, in one step; returns once this node's replica of the slot
-    /// table shows the join (or after a few seconds regardless). With
+    /// slots, in one step; returns once this node's replicas of the slot
+    /// table and of the workers map show the join (or after a few seconds
+    /// regardless), so that this node's listings show the worker. With
     /// `heir_of`, its slots are exactly those of that worker (which keeps
     /// its entry and lease until it leaves): it takes over that worker's
     /// keys and no other worker's.
@@ -79,6 +80,7 @@ impl Core {
                 self.lease.extend(sent, self.options.lease_ttl);
                 self.lease.joined(id);
                 self.catch_up(&rev).await;
+                self.catch_up_worker(id).await;
                 Ok(())
             }
             Join::ShuttingDown => Err(Error::ShuttingDown(keys.pool.clone())),

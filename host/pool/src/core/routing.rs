@@ -38,6 +38,13 @@ impl Core {
         self.slots.wait_until(CATCH_UP, |slots| slots.revision() >= rev).await;
     }
 
+    /// Waits until this node's replica of the workers map holds worker
+    /// `id` (at most [`CATCH_UP`]): a join writes the map in the step that
+    /// gives the slots, but its replica hears of it on its own.
+    pub(crate) async fn catch_up_worker(&self, id: &str) {
+        self.workers.wait_until(CATCH_UP, |workers| workers.get(id).is_some()).await;
+    }
+
     /// The keys of `dispatch.lua` for jobs `jobs` that route to `workers`:
     /// the jobs hash, the slot table, the token counter, the queued set,
     /// each worker's inbox and job set, then each job's record.

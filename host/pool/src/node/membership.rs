@@ -37,6 +37,8 @@ impl Node {
 
     /// Adds a worker running `handler` as `options` say; returns its id.
     /// Jobs waiting for a worker are assigned once it holds its slots.
+    /// Once it returns, this node's listing of workers
+    /// ([`Node::workers`]) shows it.
     ///
     /// # Errors
     /// [`Error::ClientOnly`] on a client-only node; Redis failures.
