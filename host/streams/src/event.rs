@@ -35,8 +35,14 @@ impl Event {
     /// logs the id) when a field is missing or not text where text is
     /// required, or a batch is not a whole number of netstring pairs.
     pub fn from_entry(entry: &StreamId) -> Option<Vec<Self>> {
-        let name = text(entry.map.get("n")?)?;
-        if let Some(batch) = entry.map.get("b") {
+        Self::from_fields(&entry.id, |name| entry.map.get(name))
+    }
+
+    /// The events of the entry with id `id` whose fields `field` looks up
+    /// by name (see [`Event::from_entry`]).
+    pub(crate) fn from_fields<'a>(id: &str, field: impl Fn(&str) -> Option<&'a Value>) -> Option<Vec<Self>> {
+        let name = text(field("n")?)?;
+        if let Some(batch) = field("b") {
             let batch = bytes_of(batch)?;
             let fields = pulse_rmap::netstrings(batch)?;
             if fields.len() % 2 != 0 {
@@ -47,7 +53,7 @@ impl Event {
                 .enumerate()
                 .map(|(index, event)| {
                     Some(Self {
-                        id: format!("{}.{index}", entry.id),
+                        id: format!("{id}.{index}"),
                         name: name.clone(),
                         topic: Some(String::from_utf8(event[0].to_vec()).ok()?),
                         payload: event[1].to_vec(),
@@ -55,16 +61,16 @@ impl Event {
                 })
                 .collect();
         }
-        let payload = bytes_of(entry.map.get("p")?)?.to_vec();
-        let topic = match entry.map.get("t") {
+        let payload = bytes_of(field("p")?)?.to_vec();
+        let topic = match field("t") {
             Some(value) => Some(text(value)?),
             None => None,
         };
-        Some(vec![Self { id: entry.id.clone(), name, topic, payload }])
+        Some(vec![Self { id: id.to_owned(), name, topic, payload }])
     }
 }
 
-fn bytes_of(value: &Value) -> Option<&[u8]> {
+pub(crate) fn bytes_of(value: &Value) -> Option<&[u8]> {
     match value {
         Value::BulkString(bytes) => Some(bytes),
         Value::SimpleString(text) => Some(text.as_bytes()),

@@ -8,7 +8,8 @@
 //! # Layout
 //! - `stream`: [`Stream`], [`StreamOptions`], [`Start`]; bounded length
 //!   that never drops an unacknowledged event.
-//! - `reader`: [`Reader`], [`ReaderSubscription`], [`ReaderEvent`].
+//! - `reader`: [`Reader`], [`ReaderSubscription`], [`ReaderEvent`];
+//!   `reply`: the entries of an `XREAD` reply, read in place.
 //! - `sink`: [`Sink`], [`SinkOptions`]: heartbeats, claiming, reaping, and
 //!   recreation of a lost group.
 //! - `event`: [`Event`], [`TopicFilter`], defensive decoding.
@@ -39,6 +40,7 @@ mod error;
 mod event;
 mod keys;
 mod reader;
+mod reply;
 mod scripts;
 mod sink;
 mod stream;

@@ -14,7 +14,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use redis::streams::StreamReadReply;
 use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -23,6 +22,7 @@ use tracing::Instrument;
 use crate::backoff::Backoff;
 use crate::error::{Error, Result};
 use crate::event::{Event, TopicFilter};
+use crate::reply::{Entry, read_entries};
 use crate::stream::{Start, Stream};
 
 /// Options of [`Stream::reader`].
@@ -355,7 +355,7 @@ async fn read_when_rung(shared: &ReaderShared, bell: &pulse_redis::Doorbell, tok
     loop {
         if must_read {
             let cmd = xread(shared, None);
-            let read = cmd.query_async::<Option<StreamReadReply>>(&mut conn);
+            let read = query(cmd, &mut conn);
             let reply = tokio::select! {
                 biased;
                 () = token.cancelled() => return,
@@ -480,7 +480,7 @@ async fn read_blocking(shared: &ReaderShared, token: &CancellationToken) {
                     conn.insert(fresh)
                 }
             };
-            cmd.query_async::<Option<StreamReadReply>>(conn).await
+            query(cmd, conn).await
         };
         let reply = tokio::select! {
             biased;
@@ -517,17 +517,24 @@ fn xread(shared: &ReaderShared, block: Option<Duration>) -> redis::Cmd {
     cmd
 }
 
-/// Delivers the entries of `reply` and moves the cursor past them: how
-/// many entries it held, or `None` once the reader is closed.
-async fn take(
-    shared: &ReaderShared,
-    reply: Option<StreamReadReply>,
-    token: &CancellationToken,
-) -> Option<usize> {
-    let mut read = 0;
-    for entry in reply.into_iter().flat_map(|r| r.keys).flat_map(|k| k.ids) {
-        read += 1;
-        match Event::from_entry(&entry) {
+/// Sends `XREAD` command `cmd` and reads the entries of its reply; a
+/// reply of another shape is an error, as one that does not parse.
+async fn query(
+    cmd: redis::Cmd,
+    conn: &mut impl redis::aio::ConnectionLike,
+) -> redis::RedisResult<Vec<Entry>> {
+    let reply = cmd.query_async::<redis::Value>(conn).await?;
+    read_entries(reply).map_err(|what| {
+        redis::RedisError::from((redis::ErrorKind::UnexpectedReturnType, "unexpected XREAD reply", what))
+    })
+}
+
+/// Delivers the entries read and moves the cursor past them: how many
+/// entries there were, or `None` once the reader is closed.
+async fn take(shared: &ReaderShared, entries: Vec<Entry>, token: &CancellationToken) -> Option<usize> {
+    let read = entries.len();
+    for entry in entries {
+        match entry.events() {
             Some(events) => {
                 for event in events {
                     // Not after the cursor: an event of a shared entry
