@@ -128,52 +128,90 @@ impl Batch {
     }
 }
 
+/// The queue itself. No operation walks it: a call's writes wait with
+/// their call in `open` and join `sealed` when it ends, so each write costs
+/// the same whatever the queue holds (up to [`QUEUE_BYTES`] of small
+/// events, when Redis is slow to take them).
 #[derive(Default)]
 struct Pending {
-    /// Each with whether its call ended (sealed): only those are sent.
-    writes: VecDeque<(Write, bool)>,
+    /// The writes of calls that ended (or of none), in the order they
+    /// joined: only these are sent. A job's writes join in the order it
+    /// made them.
+    sealed: VecDeque<Write>,
     answers: Vec<Outgoing>,
     deletes: Vec<String>,
+    /// Payload bytes of every write held, sealed or not.
     bytes: usize,
-    /// The calls running, by job: their writes wait for their end.
-    open: HashMap<String, usize>,
+    /// The calls running, by job, with the writes they made so far.
+    open: HashMap<String, Open>,
+    /// Writes held in `open`.
+    unsealed: usize,
     /// Batches taken from the queue and not yet answered.
     in_flight: usize,
 }
 
+/// A job's running calls and their writes, which wait for their end.
+#[derive(Default)]
+struct Open {
+    calls: usize,
+    writes: Vec<Write>,
+}
+
 impl Pending {
     /// A call (or scope) of job `key` ended, with its answers and inbox
-    /// entry: sealed once its last scope ended.
+    /// entry: its writes are sealed once its last scope ended.
     fn end(&mut self, key: &str, answers: Vec<Outgoing>, entry: Option<String>) {
         if let Some(open) = self.open.get_mut(key) {
-            *open -= 1;
-            if *open == 0 {
-                self.open.remove(key);
+            open.calls -= 1;
+            if open.calls == 0 {
                 self.seal(key);
+                self.open.remove(key);
             }
         }
         self.answers.extend(answers);
         self.deletes.extend(entry);
     }
 
+    /// The writes job `key`'s calls made so far are sent with the next batch.
     fn seal(&mut self, key: &str) {
-        for (write, sealed) in &mut self.writes {
-            if write.key == key {
-                *sealed = true;
+        if let Some(open) = self.open.get_mut(key) {
+            self.unsealed -= open.writes.len();
+            self.sealed.extend(open.writes.drain(..));
+        }
+    }
+
+    /// Queues `write`: sealed at once unless a call of its job runs;
+    /// whether it was.
+    fn push(&mut self, write: Write) -> bool {
+        self.bytes += write.what.payload().len();
+        match self.open.get_mut(&write.key) {
+            Some(open) => {
+                open.writes.push(write);
+                self.unsealed += 1;
+                false
+            }
+            None => {
+                self.sealed.push_back(write);
+                true
             }
         }
     }
 
+    /// Job `key`'s running calls and their writes are forgotten.
+    fn discard(&mut self, key: &str) {
+        if let Some(open) = self.open.remove(key) {
+            self.unsealed -= open.writes.len();
+            self.bytes -= open.writes.iter().map(|write| write.what.payload().len()).sum::<usize>();
+        }
+    }
+
     fn has_sealed(&self) -> bool {
-        !self.answers.is_empty() || !self.deletes.is_empty() || self.writes.iter().any(|(_, sealed)| *sealed)
+        !self.answers.is_empty() || !self.deletes.is_empty() || !self.sealed.is_empty()
     }
 
     fn take(&mut self) -> Batch {
-        let (sealed, open): (VecDeque<_>, VecDeque<_>) =
-            std::mem::take(&mut self.writes).into_iter().partition(|(_, sealed)| *sealed);
-        self.writes = open;
-        let writes = sealed.into_iter().map(|(write, _)| write).collect();
-        self.bytes = self.writes.iter().map(|(write, _)| write.what.payload().len()).sum();
+        let writes: Vec<Write> = self.sealed.drain(..).collect();
+        self.bytes -= writes.iter().map(|write| write.what.payload().len()).sum::<usize>();
         Batch {
             writes,
             answers: std::mem::take(&mut self.answers),
@@ -184,7 +222,7 @@ impl Pending {
     fn put_back(&mut self, batch: Batch) {
         self.bytes += batch.writes.iter().map(|write| write.what.payload().len()).sum::<usize>();
         for write in batch.writes.into_iter().rev() {
-            self.writes.push_front((write, true));
+            self.sealed.push_front(write);
         }
         let mut answers = batch.answers;
         answers.append(&mut self.answers);
@@ -246,7 +284,7 @@ impl EmitQueue {
 
     /// A call of job `key` begins: its writes wait until it ends.
     pub(crate) fn begin(&self, key: &str) {
-        *self.lock().open.entry(key.to_owned()).or_default() += 1;
+        self.lock().open.entry(key.to_owned()).or_default().calls += 1;
     }
 
     /// [`Self::begin`], ended when the scope is dropped.
@@ -278,10 +316,7 @@ impl EmitQueue {
     /// A call of job `key` ended after its job may have moved: nothing it
     /// wrote is sent, and no scope of it is open any more.
     pub(crate) fn discard(&self, key: &str) {
-        let mut pending = self.lock();
-        pending.open.remove(key);
-        pending.writes.retain(|(write, sealed)| *sealed || write.key != key);
-        pending.bytes = pending.writes.iter().map(|(write, _)| write.what.payload().len()).sum();
+        self.lock().discard(key);
     }
 
     /// Whether a call of job `key` runs.
@@ -301,9 +336,7 @@ impl EmitQueue {
     /// then the caller sends it with [`Self::send_now`].
     pub(crate) fn push(&self, write: Write) -> bool {
         let mut pending = self.lock();
-        let sealed = !pending.open.contains_key(&write.key);
-        pending.bytes += write.what.payload().len();
-        pending.writes.push_back((write, sealed));
+        let sealed = pending.push(write);
         let full = pending.bytes > QUEUE_BYTES;
         drop(pending);
         if sealed {
@@ -322,7 +355,7 @@ impl EmitQueue {
     /// How many answers, deletions and writes wait to be sent.
     pub(crate) fn backlog(&self) -> usize {
         let pending = self.lock();
-        pending.answers.len() + pending.deletes.len() + pending.writes.len()
+        pending.answers.len() + pending.deletes.len() + pending.sealed.len() + pending.unsealed
     }
 
     /// Whether something waits to be sent.
@@ -338,7 +371,7 @@ impl EmitQueue {
     /// Whether writes of its jobs wait to be sent (not only answers and
     /// deletions): a flush of them runs `write.lua`.
     pub(crate) fn has_writes_ready(&self) -> bool {
-        self.lock().writes.iter().any(|(_, sealed)| *sealed)
+        !self.lock().sealed.is_empty()
     }
 
     /// Resolves once a write was ready since the last time it resolved.
@@ -781,6 +814,55 @@ mod tests {
 
     fn event(key: &str, size: usize) -> Write {
         Write { key: key.into(), token: "1".into(), what: What::Event(vec![b'x'; size]) }
+    }
+
+    fn keys(batch: &Batch) -> Vec<(&str, usize)> {
+        batch.writes.iter().map(|write| (write.key.as_str(), write.what.payload().len())).collect()
+    }
+
+    #[test]
+    fn a_call_s_writes_wait_for_its_end_and_each_job_s_keep_their_order() {
+        let mut pending = Pending::default();
+        pending.open.entry("a".into()).or_default().calls += 2; // a call and a timer's scope
+        assert!(!pending.push(event("a", 1)));
+        assert!(pending.push(event("b", 2))); // no call of b runs: sealed at once
+        assert!(!pending.push(event("a", 3)));
+        assert_eq!((pending.bytes, pending.unsealed, pending.sealed.len()), (6, 2, 1));
+
+        // One scope of a ends: its writes still wait for the other.
+        pending.end("a", Vec::new(), Some("1-0".into()));
+        assert_eq!(keys(&pending.take()), [("b", 2)]);
+        assert_eq!((pending.bytes, pending.unsealed), (4, 2));
+
+        // A batch that did not reach Redis goes back in front of what came since.
+        assert!(!pending.push(event("a", 4)));
+        pending.end("a", Vec::new(), None);
+        assert!(pending.open.is_empty());
+        let batch = pending.take();
+        assert_eq!(keys(&batch), [("a", 1), ("a", 3), ("a", 4)]);
+        assert!(pending.push(event("a", 5)));
+        pending.put_back(batch);
+        assert_eq!(pending.bytes, 13);
+        assert_eq!(keys(&pending.take()), [("a", 1), ("a", 3), ("a", 4), ("a", 5)]);
+        assert_eq!(pending.bytes, 0);
+    }
+
+    #[test]
+    fn a_job_s_writes_so_far_can_be_sealed_or_discarded_while_its_call_runs() {
+        let mut pending = Pending::default();
+        pending.open.entry("a".into()).or_default().calls += 1;
+        pending.open.entry("b".into()).or_default().calls += 1;
+        pending.push(event("a", 1));
+        pending.push(event("b", 2));
+        pending.seal("a"); // sent now, before a write that cannot wait
+        pending.push(event("a", 3));
+        assert_eq!(keys(&pending.take()), [("a", 1)]);
+        pending.discard("b"); // b moved: what its call wrote is not sent
+        assert_eq!((pending.bytes, pending.unsealed), (3, 1));
+        pending.end("a", Vec::new(), None);
+        pending.end("b", Vec::new(), None);
+        assert_eq!(keys(&pending.take()), [("a", 3)]);
+        assert_eq!((pending.bytes, pending.unsealed), (0, 0));
     }
 
     #[test]
