@@ -8,7 +8,10 @@
 //!   `serve-workers`): the figures are the pool's own cost.
 //! - `echo-job`: the `echo` plugin in job isolation (an instance per job),
 //!   run by the host's own code (`pulse_host::run`, this program re-run as
-//!   `serve-host` with a generated config).
+//!   `serve-host` with a generated config). Its jobs are stopped after
+//!   each line, and it runs one at a time twice: into slots of the
+//!   instance pool never used, then into those the first line left
+//!   (`slots_used_before`).
 //! - `echo-worker`: the same in worker isolation (an instance per worker).
 //! - `echo-http`: `echo-worker` again, but every dispatch is a `POST` to the
 //!   host's HTTP API (keep-alive connections, one per dispatcher): the
@@ -113,6 +116,10 @@ impl Handler {
             Self::Slow => &[32, 128],
             Self::SlowSerial => &[128],
             Self::Batch | Self::BatchHttp => &[1, 4],
+            // One at a time twice: into slots of the instance pool no
+            // instance used yet, then into those the first line's stopped
+            // jobs left (see `Line::slots_used`).
+            Self::EchoJob => &[1, 1, 32],
             _ => &[1, 32],
         }
     }
@@ -257,6 +264,11 @@ pub(crate) struct Line {
     /// Jobs the pool runs already.
     running: usize,
     confirm: u32,
+    /// Instances the host made and dropped before this line (an instance
+    /// per job): a line of no more jobs than that takes slots of the
+    /// instance pool used before, whose page tables and memory image are
+    /// in place; the first line's starts each take a slot never used.
+    slots_used: usize,
 }
 
 impl Line {
@@ -267,6 +279,7 @@ impl Line {
             .field("workers", self.workers)
             .field("running_before", self.running)
             .field("confirm_replicas", self.confirm)
+            .field("slots_used_before", self.slots_used)
     }
 }
 
@@ -312,6 +325,7 @@ fn run_handler(
             workers: workers_count,
             running: 0,
             confirm,
+            slots_used: 0,
         };
         let asked = args.dispatchers.map(|n| vec![n]);
         for &concurrency in asked.as_deref().unwrap_or(handler.dispatchers()) {
@@ -325,6 +339,7 @@ fn run_handler(
                 // Each live job holds an instance: stop them, so the
                 // host's instance count stays at one run's jobs.
                 stop_all(&node, keys).await?;
+                line.slots_used += jobs;
             } else {
                 line.running += jobs;
             }
