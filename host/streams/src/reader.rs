@@ -22,7 +22,7 @@ use tracing::Instrument;
 use crate::backoff::Backoff;
 use crate::error::{Error, Result};
 use crate::event::{Event, TopicFilter};
-use crate::reply::{Entry, read_entries};
+use crate::reply::{Entry, read_entries, unexpected};
 use crate::stream::{Start, Stream};
 
 /// Options of [`Stream::reader`].
@@ -524,9 +524,7 @@ async fn query(
     conn: &mut impl redis::aio::ConnectionLike,
 ) -> redis::RedisResult<Vec<Entry>> {
     let reply = cmd.query_async::<redis::Value>(conn).await?;
-    read_entries(reply).map_err(|what| {
-        redis::RedisError::from((redis::ErrorKind::UnexpectedReturnType, "unexpected XREAD reply", what))
-    })
+    read_entries(reply).map_err(|what| unexpected("unexpected XREAD reply", what))
 }
 
 /// Delivers the entries read and moves the cursor past them: how many

@@ -1,10 +1,11 @@
-//! The entries of an `XREAD` reply, read from the reply Redis sent.
+//! The entries of an `XREAD`, `XREADGROUP` or `XAUTOCLAIM` reply, read
+//! from the reply Redis sent.
 //!
 //! Readers run on every inbox and reply stream, so this is on the path of
 //! every job. redis-rs's `StreamReadReply` clones the whole reply before
 //! converting it, and builds a map per stream, per entry and per entry's
 //! fields; walking the owned reply moves the ids out and looks up the two
-//! or three fields of an entry in place.
+//! or three fields of an entry in place. Sinks read the same way.
 
 use redis::Value;
 
@@ -61,6 +62,39 @@ pub(crate) fn read_entries(reply: Value) -> Result<Vec<Entry>, String> {
         }
     }
     Ok(read)
+}
+
+/// The error of a reply that did not fit: `desc` names the command's
+/// reply (`"unexpected XREAD reply"`), `what` what did not fit.
+pub(crate) fn unexpected(desc: &'static str, what: String) -> redis::RedisError {
+    redis::RedisError::from((redis::ErrorKind::UnexpectedReturnType, desc, what))
+}
+
+/// The cursor and the entries of an `XAUTOCLAIM` reply (`[cursor,
+/// entries, deleted ids]`), oldest first. An entry deleted since it was
+/// delivered comes as nil before Redis 7 and is skipped. `Err` names what
+/// did not fit.
+pub(crate) fn claimed_entries(reply: Value) -> Result<(String, Vec<Entry>), String> {
+    let Value::Array(parts) = reply else {
+        return Err(format!("an XAUTOCLAIM reply as {reply:?}"));
+    };
+    let mut parts = parts.into_iter();
+    let cursor = match parts.next() {
+        Some(Value::BulkString(id)) => {
+            String::from_utf8(id).map_err(|_| "a cursor that is not UTF-8".to_owned())?
+        }
+        Some(Value::SimpleString(id)) => id,
+        other => return Err(format!("a cursor as {other:?}")),
+    };
+    let Some(Value::Array(entries)) = parts.next() else {
+        return Err("an XAUTOCLAIM reply without entries".to_owned());
+    };
+    let entries = entries
+        .into_iter()
+        .filter(|entry| *entry != Value::Nil)
+        .map(entry_of)
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((cursor, entries))
 }
 
 fn entry_of(entry: Value) -> Result<Entry, String> {
@@ -122,5 +156,25 @@ mod tests {
         assert_eq!(read[0].events(), None);
         assert!(read_entries(Value::Int(1)).unwrap_err().contains("XREAD reply"));
         assert!(read_entries(Value::Array(vec![Value::Array(vec![bulk("inbox")])])).is_err());
+    }
+
+    #[test]
+    fn claimed_entries_come_with_the_cursor_and_without_deleted_ones() {
+        let reply = Value::Array(vec![
+            bulk("5-0"),
+            Value::Array(vec![
+                entry("1-0", &["n", "emit", "p", "x"]),
+                Value::Nil,
+                entry("4-0", &["n", "emit"]),
+            ]),
+            Value::Array(vec![bulk("2-0")]),
+        ]);
+        let (cursor, claimed) = claimed_entries(reply).unwrap();
+        assert_eq!(cursor, "5-0");
+        let ids: Vec<&str> = claimed.iter().map(|e| e.id.as_str()).collect();
+        assert_eq!(ids, ["1-0", "4-0"]);
+        assert_eq!(claimed[0].events().unwrap()[0].payload, b"x");
+        assert!(claimed_entries(Value::Nil).unwrap_err().contains("XAUTOCLAIM reply"));
+        assert!(claimed_entries(Value::Array(vec![bulk("0-0")])).is_err());
     }
 }

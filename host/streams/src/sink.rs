@@ -23,7 +23,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redis::streams::{StreamAutoClaimReply, StreamId, StreamPendingCountReply, StreamReadReply};
+use redis::streams::StreamPendingCountReply;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -33,6 +33,7 @@ use crate::backoff::Backoff;
 use crate::error::{Error, Result};
 use crate::event::{Event, TopicFilter};
 use crate::keys::validate_name;
+use crate::reply::{Entry, claimed_entries, read_entries, unexpected};
 use crate::scripts;
 use crate::stream::{Start, Stream};
 
@@ -321,8 +322,8 @@ impl SinkShared {
     /// Decodes and filters an entry; acknowledges it when nothing of it is
     /// to be delivered (malformed, or other topics) so it does not come
     /// back.
-    async fn admit(&self, conn: &mut impl redis::aio::ConnectionLike, entry: &StreamId) -> Vec<Event> {
-        let events = match Event::from_entry(entry) {
+    async fn admit(&self, conn: &mut impl redis::aio::ConnectionLike, entry: &Entry) -> Vec<Event> {
+        let events = match entry.events() {
             Some(events) => events.into_iter().filter(|event| self.options.filter.accepts(event)).collect(),
             None => {
                 tracing::warn!(id = %entry.id, "acknowledged a malformed stream entry without delivering it");
@@ -371,8 +372,11 @@ async fn read_loop(shared: Arc<SinkShared>, tx: mpsc::Sender<Event>, token: Canc
                 .arg("STREAMS")
                 .arg(&shared.stream.inner.keys.stream)
                 .arg(">")
-                .query_async::<Option<StreamReadReply>>(conn)
+                .query_async::<redis::Value>(conn)
                 .await
+                .and_then(|reply| {
+                    read_entries(reply).map_err(|what| unexpected("unexpected XREADGROUP reply", what))
+                })
         };
         let reply = tokio::select! {
             biased;
@@ -380,9 +384,9 @@ async fn read_loop(shared: Arc<SinkShared>, tx: mpsc::Sender<Event>, token: Canc
             reply = read => reply,
         };
         match reply {
-            Ok(reply) => {
+            Ok(entries) => {
                 backoff.reset();
-                for entry in reply.into_iter().flat_map(|r| r.keys).flat_map(|k| k.ids) {
+                for entry in entries {
                     let mut ack_conn = shared.stream.inner.conn.clone();
                     for event in shared.admit(&mut ack_conn, &entry).await {
                         // Waits for room: the entry is pending in Redis until
@@ -461,7 +465,7 @@ async fn claim(
     let grace = u64::try_from(shared.options.ack_grace.as_millis()).unwrap_or(u64::MAX);
     let mut cursor = "0-0".to_owned();
     loop {
-        let reply: StreamAutoClaimReply = redis::cmd("XAUTOCLAIM")
+        let reply: redis::Value = redis::cmd("XAUTOCLAIM")
             .arg(&shared.stream.inner.keys.stream)
             .arg(&shared.group)
             .arg(&shared.consumer)
@@ -471,7 +475,9 @@ async fn claim(
             .arg(100)
             .query_async(conn)
             .await?;
-        for entry in &reply.claimed {
+        let (next, claimed) =
+            claimed_entries(reply).map_err(|what| unexpected("unexpected XAUTOCLAIM reply", what))?;
+        for entry in &claimed {
             for event in shared.admit(conn, entry).await {
                 tokio::select! {
                     biased;
@@ -480,10 +486,10 @@ async fn claim(
                 }
             }
         }
-        if reply.next_stream_id == "0-0" {
+        if next == "0-0" {
             return Ok(());
         }
-        cursor = reply.next_stream_id;
+        cursor = next;
     }
 }
 
