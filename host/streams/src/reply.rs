@@ -79,13 +79,7 @@ pub(crate) fn claimed_entries(reply: Value) -> Result<(String, Vec<Entry>), Stri
         return Err(format!("an XAUTOCLAIM reply as {reply:?}"));
     };
     let mut parts = parts.into_iter();
-    let cursor = match parts.next() {
-        Some(Value::BulkString(id)) => {
-            String::from_utf8(id).map_err(|_| "a cursor that is not UTF-8".to_owned())?
-        }
-        Some(Value::SimpleString(id)) => id,
-        other => return Err(format!("a cursor as {other:?}")),
-    };
+    let cursor = id_of(parts.next(), "a cursor")?;
     let Some(Value::Array(entries)) = parts.next() else {
         return Err("an XAUTOCLAIM reply without entries".to_owned());
     };
@@ -102,18 +96,21 @@ fn entry_of(entry: Value) -> Result<Entry, String> {
         return Err(format!("an entry as {entry:?}"));
     };
     let mut parts = parts.into_iter();
-    let id = match parts.next() {
-        Some(Value::BulkString(id)) => {
-            String::from_utf8(id).map_err(|_| "an entry id that is not UTF-8".to_owned())?
-        }
-        Some(Value::SimpleString(id)) => id,
-        other => return Err(format!("an entry id as {other:?}")),
-    };
+    let id = id_of(parts.next(), "an entry id")?;
     let fields = match parts.next() {
         Some(Value::Array(fields)) => fields,
         _ => Vec::new(),
     };
     Ok(Entry { id, fields })
+}
+
+/// A stream id in a reply; `what` names it in the error.
+fn id_of(value: Option<Value>, what: &str) -> Result<String, String> {
+    match value {
+        Some(Value::BulkString(id)) => String::from_utf8(id).map_err(|_| format!("{what} that is not UTF-8")),
+        Some(Value::SimpleString(id)) => Ok(id),
+        other => Err(format!("{what} as {other:?}")),
+    }
 }
 
 #[cfg(test)]
