@@ -33,11 +33,11 @@ use tokio::io::AsyncReadExt as _;
 struct Journal {
     conn: pulse_redis::Shared,
     key: String,
-    /// The token and worker of each job this process runs.
+    /// The token and worker of each job its worker runs.
     runs: Arc<Mutex<HashMap<String, (String, String)>>>,
     /// Entries written so far.
     written: Arc<std::sync::atomic::AtomicU64>,
-    /// The saving task of each job this process runs.
+    /// The saving task of each job its worker runs.
     savers: Arc<Mutex<HashMap<String, tokio::task::JoinHandle<()>>>>,
     /// How often a job saves its state (`PULSE_TEST_SAVE_MS`).
     save_every: Option<Duration>,
@@ -174,8 +174,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         None => WorkerOptions::default(),
     };
     for _ in 0..workers.parse::<usize>()? {
-        // One handler shared by the process's workers: the journal is one.
-        node.add_worker_with(journal.clone(), worker_options.clone()).await?;
+        // A handler per worker, as the host has: each knows its own
+        // worker's runs. A worker dropping a job it lost in a freeze may
+        // do so after another worker of this process started the job
+        // again; with one map of runs, the drop was journalled under the
+        // new run's token, and its saver ended. The journal and its
+        // numbering stay the process's.
+        let handler = Journal { runs: Arc::default(), savers: Arc::default(), ..journal.clone() };
+        node.add_worker_with(handler, worker_options.clone()).await?;
     }
     #[allow(clippy::print_stdout, reason = "the readiness line the test waits for")]
     {
