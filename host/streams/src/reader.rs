@@ -22,8 +22,11 @@ use tracing::Instrument;
 use crate::backoff::Backoff;
 use crate::error::{Error, Result};
 use crate::event::{Event, TopicFilter};
-use crate::reply::{Entry, read_entries, unexpected};
+use crate::reply::{Entry, query};
 use crate::stream::{Start, Stream};
+
+/// How a reader's `XREAD` reply of another shape is named in its error.
+const XREAD_REPLY: &str = "unexpected XREAD reply";
 
 /// Options of [`Stream::reader`].
 ///
@@ -355,7 +358,7 @@ async fn read_when_rung(shared: &ReaderShared, bell: &pulse_redis::Doorbell, tok
     loop {
         if must_read {
             let cmd = xread(shared, None);
-            let read = query(cmd, &mut conn);
+            let read = query(cmd, &mut conn, XREAD_REPLY);
             let reply = tokio::select! {
                 biased;
                 () = token.cancelled() => return,
@@ -480,7 +483,7 @@ async fn read_blocking(shared: &ReaderShared, token: &CancellationToken) {
                     conn.insert(fresh)
                 }
             };
-            query(cmd, conn).await
+            query(cmd, conn, XREAD_REPLY).await
         };
         let reply = tokio::select! {
             biased;
@@ -515,16 +518,6 @@ fn xread(shared: &ReaderShared, block: Option<Duration>) -> redis::Cmd {
     }
     cmd.arg("STREAMS").arg(&shared.stream.inner.keys.stream).arg(cursor);
     cmd
-}
-
-/// Sends `XREAD` command `cmd` and reads the entries of its reply; a
-/// reply of another shape is an error, as one that does not parse.
-async fn query(
-    cmd: redis::Cmd,
-    conn: &mut impl redis::aio::ConnectionLike,
-) -> redis::RedisResult<Vec<Entry>> {
-    let reply = cmd.query_async::<redis::Value>(conn).await?;
-    read_entries(reply).map_err(|what| unexpected("unexpected XREAD reply", what))
 }
 
 /// Delivers the entries read and moves the cursor past them: how many

@@ -36,7 +36,7 @@ impl Entry {
 /// `{key: entries}`. An entry whose fields are not an array keeps its id
 /// with no fields (its events are malformed, and the reader moves past
 /// it). `Err` names what did not fit.
-pub(crate) fn read_entries(reply: Value) -> Result<Vec<Entry>, String> {
+fn read_entries(reply: Value) -> Result<Vec<Entry>, String> {
     let streams = match reply {
         Value::Nil => return Ok(Vec::new()),
         Value::Array(streams) => streams
@@ -62,6 +62,18 @@ pub(crate) fn read_entries(reply: Value) -> Result<Vec<Entry>, String> {
         }
     }
     Ok(read)
+}
+
+/// Sends `cmd`, an `XREAD` or `XREADGROUP`, and reads the entries of its
+/// reply; a reply of another shape is an error named `desc` (`"unexpected
+/// XREAD reply"`), as one that does not parse.
+pub(crate) async fn query(
+    cmd: redis::Cmd,
+    conn: &mut impl redis::aio::ConnectionLike,
+    desc: &'static str,
+) -> redis::RedisResult<Vec<Entry>> {
+    let reply = cmd.query_async::<Value>(conn).await?;
+    read_entries(reply).map_err(|what| unexpected(desc, what))
 }
 
 /// The error of a reply that did not fit: `desc` names the command's

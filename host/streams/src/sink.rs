@@ -33,7 +33,7 @@ use crate::backoff::Backoff;
 use crate::error::{Error, Result};
 use crate::event::{Event, TopicFilter};
 use crate::keys::validate_name;
-use crate::reply::{Entry, claimed_entries, read_entries, unexpected};
+use crate::reply::{Entry, claimed_entries, query, unexpected};
 use crate::scripts;
 use crate::stream::{Start, Stream};
 
@@ -361,8 +361,8 @@ async fn read_loop(shared: Arc<SinkShared>, tx: mpsc::Sender<Event>, token: Canc
                     conn.insert(fresh)
                 }
             };
-            redis::cmd("XREADGROUP")
-                .arg("GROUP")
+            let mut cmd = redis::cmd("XREADGROUP");
+            cmd.arg("GROUP")
                 .arg(&shared.group)
                 .arg(&shared.consumer)
                 .arg("COUNT")
@@ -371,12 +371,8 @@ async fn read_loop(shared: Arc<SinkShared>, tx: mpsc::Sender<Event>, token: Canc
                 .arg(u64::try_from(shared.options.block.as_millis()).unwrap_or(u64::MAX))
                 .arg("STREAMS")
                 .arg(&shared.stream.inner.keys.stream)
-                .arg(">")
-                .query_async::<redis::Value>(conn)
-                .await
-                .and_then(|reply| {
-                    read_entries(reply).map_err(|what| unexpected("unexpected XREADGROUP reply", what))
-                })
+                .arg(">");
+            query(cmd, conn, "unexpected XREADGROUP reply").await
         };
         let reply = tokio::select! {
             biased;
