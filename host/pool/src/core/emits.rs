@@ -201,7 +201,7 @@ impl Pending {
     fn discard(&mut self, key: &str) {
         if let Some(open) = self.open.remove(key) {
             self.unsealed -= open.writes.len();
-            self.bytes -= open.writes.iter().map(|write| write.what.payload().len()).sum::<usize>();
+            self.bytes -= payload_bytes(&open.writes);
         }
     }
 
@@ -211,7 +211,7 @@ impl Pending {
 
     fn take(&mut self) -> Batch {
         let writes: Vec<Write> = self.sealed.drain(..).collect();
-        self.bytes -= writes.iter().map(|write| write.what.payload().len()).sum::<usize>();
+        self.bytes -= payload_bytes(&writes);
         Batch {
             writes,
             answers: std::mem::take(&mut self.answers),
@@ -220,7 +220,7 @@ impl Pending {
     }
 
     fn put_back(&mut self, batch: Batch) {
-        self.bytes += batch.writes.iter().map(|write| write.what.payload().len()).sum::<usize>();
+        self.bytes += payload_bytes(&batch.writes);
         for write in batch.writes.into_iter().rev() {
             self.sealed.push_front(write);
         }
@@ -231,6 +231,11 @@ impl Pending {
         deletes.append(&mut self.deletes);
         self.deletes = deletes;
     }
+}
+
+/// The payload bytes of `writes`, as [`Pending::bytes`] counts them.
+fn payload_bytes(writes: &[Write]) -> usize {
+    writes.iter().map(|write| write.what.payload().len()).sum()
 }
 
 /// One worker's queue of writes (see the module's docs).
