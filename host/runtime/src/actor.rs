@@ -33,16 +33,23 @@ pub(crate) const COMMAND_QUEUE: usize = 256;
 /// A reply to a call.
 pub(crate) type Reply = oneshot::Sender<Result<(), CallError>>;
 
-/// What an instance's task is asked to do. Kept small: every instance's
-/// queue holds a block of 32 commands from its start (a job and a span
-/// are boxed, so a block is about 2 KiB instead of 5).
+/// An instance's queue of commands. They go boxed: the queue holds a
+/// block of 32 from its instance's start to its end, about 2.6 KiB a live
+/// job had they gone inline, 0.3 KiB as pointers (BENCHMARKS.md, "A
+/// job's task and queue").
+pub(crate) type Commands = mpsc::Sender<Box<Command>>;
+
+/// The way timers reach an instance's queue (see [`Commands`]).
+pub(crate) type WeakCommands = mpsc::WeakSender<Box<Command>>;
+
+/// What an instance's task is asked to do.
 pub(crate) enum Command {
     Start {
-        job: Box<Job>,
+        job: Job,
         reply: Reply,
         /// The caller's trace span, which the call runs in (see
         /// [`traced_caller`]).
-        traced: Option<Box<tracing::Span>>,
+        traced: Option<tracing::Span>,
     },
     Stop {
         key: String,
@@ -52,7 +59,7 @@ pub(crate) enum Command {
         key: String,
         payload: Vec<u8>,
         reply: Reply,
-        traced: Option<Box<tracing::Span>>,
+        traced: Option<tracing::Span>,
     },
     Timer {
         key: String,
@@ -82,7 +89,7 @@ pub(crate) struct Actor {
     id: u64,
     plugin: Arc<PluginInner>,
     outputs: Arc<dyn JobOutputs>,
-    commands: mpsc::WeakSender<Command>,
+    commands: WeakCommands,
     on_gone: OnGone,
     live: Option<Instance>,
 }
@@ -96,7 +103,7 @@ impl Actor {
         outputs: Arc<dyn JobOutputs>,
         on_gone: OnGone,
         tasks: &tokio_util::task::TaskTracker,
-    ) -> mpsc::Sender<Command> {
+    ) -> Commands {
         let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
         let span = tracing::info_span!("instance", plugin = %plugin.name, instance = id);
         let actor = Self { id, plugin, outputs, commands: tx.downgrade(), on_gone, live: None };
@@ -105,45 +112,54 @@ impl Actor {
     }
 
     /// Serves commands until every sender is gone.
-    async fn run(mut self, mut rx: mpsc::Receiver<Command>) {
+    ///
+    /// Each command is served in a future of its own, on the heap while it
+    /// runs: the task lives as long as its instance, and inline it would
+    /// hold the largest command's state (about 4 KiB: a start may
+    /// instantiate) for the whole life of every job, where waiting for the
+    /// next command needs 0.6 KiB (BENCHMARKS.md, "A job's task and queue").
+    async fn run(mut self, mut rx: mpsc::Receiver<Box<Command>>) {
         while let Some(command) = rx.recv().await {
-            match command {
-                // A start runs to its end: cut mid-way, it would drop the
-                // instance it took out with the other jobs in it.
-                Command::Start { job, reply, traced } => {
-                    let answer = match traced {
-                        Some(span) => self.start(*job).instrument(*span).await,
-                        None => self.start(*job).await,
-                    };
-                    let _ = reply.send(answer);
-                }
-                Command::Stop { key, mut reply } => {
-                    let answer = unless_abandoned(self.stop(&key), &mut reply).await;
-                    self.answer(&key, answer, reply).await;
-                }
-                Command::Notify { key, payload, mut reply, traced } => {
-                    let answer = match traced {
-                        Some(span) => {
-                            unless_abandoned(self.notify(&key, &payload).instrument(*span), &mut reply).await
-                        }
-                        None => unless_abandoned(self.notify(&key, &payload), &mut reply).await,
-                    };
-                    self.answer(&key, answer, reply).await;
-                }
-                Command::Timer { key, name, generation, due } => {
-                    self.tick(&key, &name, generation, due).await
-                }
-                Command::Abandon { key } => {
-                    if let Some(live) = self.live.as_mut() {
-                        live.drop_job(&key);
+            Box::pin(self.serve(*command)).await;
+            self.report_completed();
+        }
+    }
+
+    /// Serves one command.
+    async fn serve(&mut self, command: Command) {
+        match command {
+            // A start runs to its end: cut mid-way, it would drop the
+            // instance it took out with the other jobs in it.
+            Command::Start { job, reply, traced } => {
+                let answer = match traced {
+                    Some(span) => self.start(job).instrument(span).await,
+                    None => self.start(job).await,
+                };
+                let _ = reply.send(answer);
+            }
+            Command::Stop { key, mut reply } => {
+                let answer = unless_abandoned(self.stop(&key), &mut reply).await;
+                self.answer(&key, answer, reply).await;
+            }
+            Command::Notify { key, payload, mut reply, traced } => {
+                let answer = match traced {
+                    Some(span) => {
+                        unless_abandoned(self.notify(&key, &payload).instrument(span), &mut reply).await
                     }
-                }
-                Command::SavedState { key, reply } => {
-                    let state = self.live.as_mut().and_then(|live| live.jobs().get(&key)?.job.state.clone());
-                    let _ = reply.send(state);
+                    None => unless_abandoned(self.notify(&key, &payload), &mut reply).await,
+                };
+                self.answer(&key, answer, reply).await;
+            }
+            Command::Timer { key, name, generation, due } => self.tick(&key, &name, generation, due).await,
+            Command::Abandon { key } => {
+                if let Some(live) = self.live.as_mut() {
+                    live.drop_job(&key);
                 }
             }
-            self.report_completed();
+            Command::SavedState { key, reply } => {
+                let state = self.live.as_mut().and_then(|live| live.jobs().get(&key)?.job.state.clone());
+                let _ = reply.send(state);
+            }
         }
     }
 
@@ -321,20 +337,10 @@ async fn unless_abandoned<F: Future>(call: F, reply: &mut Reply) -> Option<F::Ou
 /// The caller's current span when it is a trace span: the guest call runs
 /// in it, on the instance's task, so the requests the guest sends are its
 /// children. `None` when traces are not exported.
-pub(crate) fn traced_caller() -> Option<Box<tracing::Span>> {
+pub(crate) fn traced_caller() -> Option<tracing::Span> {
     if !tracing::enabled!(target: pulse_telemetry::TARGET, tracing::Level::TRACE) {
         return None;
     }
     let span = tracing::Span::current();
-    span.metadata().is_some_and(|meta| meta.target() == pulse_telemetry::TARGET).then(|| Box::new(span))
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn a_command_stays_small() {
-        // A timer's tick is the largest: two strings, a generation and when
-        // it was due.
-        assert!(size_of::<super::Command>() <= 80, "{} bytes", size_of::<super::Command>());
-    }
+    span.metadata().is_some_and(|meta| meta.target() == pulse_telemetry::TARGET).then_some(span)
 }

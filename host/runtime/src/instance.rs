@@ -10,11 +10,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::mpsc;
 use tracing::Instrument;
 use wasmtime::Store;
 
-use crate::actor::Command;
+use crate::actor::WeakCommands;
 use crate::bindings::JobHandler;
 use crate::bindings::pulse::job::types as wit;
 use crate::bounds::{LogGate, MAX_ERROR_TEXT, cut};
@@ -72,7 +71,7 @@ impl Instance {
     pub(crate) async fn new(
         plugin: &PluginInner,
         outputs: Arc<dyn JobOutputs>,
-        commands: mpsc::WeakSender<Command>,
+        commands: WeakCommands,
     ) -> Result<Self, CallError> {
         let limiter = Limiter::new(plugin.limits.memory, plugin.metrics.clone(), plugin.quota.clone())?;
         let gate = LogGate::new(plugin.metrics.log_dropped.clone());
@@ -104,7 +103,7 @@ impl Instance {
     /// Sends this instance's requests to `outputs` and its timers' ticks
     /// to `commands` from now on: an instance made ahead of need is bound
     /// by the start that takes it.
-    pub(crate) fn bind(&mut self, outputs: Arc<dyn JobOutputs>, commands: mpsc::WeakSender<Command>) {
+    pub(crate) fn bind(&mut self, outputs: Arc<dyn JobOutputs>, commands: WeakCommands) {
         self.store.data_mut().bind(outputs, commands);
     }
 

@@ -124,7 +124,7 @@ impl Ready {
 pub(crate) fn take(
     plugin: &PluginInner,
     outputs: &Arc<dyn JobOutputs>,
-    commands: &mpsc::WeakSender<crate::actor::Command>,
+    commands: &crate::actor::WeakCommands,
 ) -> Option<Instance> {
     let instance = {
         let mut state = plugin.ready.lock();

@@ -5,10 +5,10 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tokio_util::task::TaskTracker;
 
-use crate::actor::{Actor, Command, OnGone, Reply, traced_caller};
+use crate::actor::{Actor, Command, Commands, OnGone, Reply, traced_caller};
 use crate::error::CallError;
 use crate::job::Job;
 use crate::outputs::JobOutputs;
@@ -44,7 +44,7 @@ struct Routes {
 #[derive(Clone)]
 struct Route {
     instance: u64,
-    commands: mpsc::Sender<Command>,
+    commands: Commands,
 }
 
 impl JobRunner {
@@ -93,12 +93,8 @@ impl JobRunner {
             routes.by_key.insert(key.clone(), route.clone());
             route
         };
-        let result = request(&route, &key, |reply| Command::Start {
-            job: Box::new(job),
-            reply,
-            traced: traced_caller(),
-        })
-        .await;
+        let result =
+            request(&route, &key, |reply| Command::Start { job, reply, traced: traced_caller() }).await;
         if result.is_err() {
             self.inner.forget(&key, route.instance);
         }
@@ -155,7 +151,7 @@ impl JobRunner {
     /// Cancel safe: the job's instance is dropped either way.
     pub async fn abandon(&self, key: &str) {
         let Ok(route) = self.inner.route(key) else { return };
-        let _ = route.commands.send(Command::Abandon { key: key.to_owned() }).await;
+        let _ = route.commands.send(Box::new(Command::Abandon { key: key.to_owned() })).await;
         self.inner.forget(key, route.instance);
     }
 
@@ -169,7 +165,7 @@ impl JobRunner {
     pub async fn saved_state(&self, key: &str) -> Option<Vec<u8>> {
         let route = self.inner.route(key).ok()?;
         let (reply, answer) = tokio::sync::oneshot::channel();
-        route.commands.send(Command::SavedState { key: key.to_owned(), reply }).await.ok()?;
+        route.commands.send(Box::new(Command::SavedState { key: key.to_owned(), reply })).await.ok()?;
         answer.await.ok().flatten()
     }
 
@@ -245,7 +241,7 @@ impl RunnerInner {
 /// Sends a command to an instance and waits for its answer.
 async fn request(route: &Route, key: &str, command: impl FnOnce(Reply) -> Command) -> Result<(), CallError> {
     let (reply, answer) = oneshot::channel();
-    if route.commands.send(command(reply)).await.is_err() {
+    if route.commands.send(Box::new(command(reply))).await.is_err() {
         return Err(CallError::NotRunning(key.to_owned()));
     }
     // The task drops the reply only when it ends mid-call (the runner closed).

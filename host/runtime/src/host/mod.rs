@@ -13,13 +13,12 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::mpsc::WeakSender;
 use tokio::task::AbortHandle;
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
-use crate::actor::Command;
+use crate::actor::{Command, WeakCommands};
 use crate::bounds::LogGate;
 use crate::job::Job;
 use crate::limits::Limiter;
@@ -40,7 +39,7 @@ pub(crate) struct HostState {
     pub(crate) completed: Vec<String>,
     /// Where timers deliver their ticks; weak, so armed timers do not keep
     /// an instance alive that nobody can call any more.
-    commands: WeakSender<Command>,
+    commands: WeakCommands,
     next_generation: u64,
     /// What the jobs of this instance may still log.
     pub(crate) log_gate: Arc<LogGate>,
@@ -96,7 +95,7 @@ impl HostState {
         limiter: Limiter,
         settings: Arc<BTreeMap<String, String>>,
         outputs: Arc<dyn JobOutputs>,
-        commands: WeakSender<Command>,
+        commands: WeakCommands,
         log_gate: Arc<LogGate>,
         http_hooks: OutboundHooks,
     ) -> Self {
@@ -126,7 +125,7 @@ impl HostState {
     }
 
     /// See [`crate::Instance::bind`].
-    pub(crate) fn bind(&mut self, outputs: Arc<dyn JobOutputs>, commands: WeakSender<Command>) {
+    pub(crate) fn bind(&mut self, outputs: Arc<dyn JobOutputs>, commands: WeakCommands) {
         self.http_hooks.bind(outputs.clone());
         self.outputs = outputs;
         self.commands = commands;
@@ -146,8 +145,12 @@ impl HostState {
             loop {
                 tokio::time::sleep_until(next).await;
                 let Some(commands) = commands.upgrade() else { return };
-                let tick =
-                    Command::Timer { key: tick_key.clone(), name: tick_name.clone(), generation, due: next };
+                let tick = Box::new(Command::Timer {
+                    key: tick_key.clone(),
+                    name: tick_name.clone(),
+                    generation,
+                    due: next,
+                });
                 if commands.send(tick).await.is_err() || !repeat {
                     return;
                 }
