@@ -34,9 +34,9 @@ pub(crate) const COMMAND_QUEUE: usize = 256;
 pub(crate) type Reply = oneshot::Sender<Result<(), CallError>>;
 
 /// An instance's queue of commands. They go boxed: the queue holds a
-/// block of 32 from its instance's start to its end, about 2.6 KiB a live
-/// job had they gone inline, 0.3 KiB as pointers (BENCHMARKS.md, "A
-/// job's task and queue").
+/// block of 32 from its instance's start to its end, 0.3 KiB as pointers
+/// against 2.5 KiB inline (80 bytes a command at most, a start's job
+/// boxed; BENCHMARKS.md, "A job's task and queue").
 pub(crate) type Commands = mpsc::Sender<Box<Command>>;
 
 /// The way timers reach an instance's queue (see [`Commands`]).
