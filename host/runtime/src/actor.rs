@@ -115,9 +115,10 @@ impl Actor {
     ///
     /// Each command is served in a future of its own, on the heap while it
     /// runs: the task lives as long as its instance, and inline it would
-    /// hold the largest command's state (about 4 KiB: a start may
-    /// instantiate) for the whole life of every job, where waiting for the
-    /// next command needs 0.6 KiB (BENCHMARKS.md, "A job's task and queue").
+    /// hold the largest command's state (about 4 KiB: a guest call's, or a
+    /// start's that instantiates) for the whole life of every job, where
+    /// waiting for the next command needs 0.6 KiB (BENCHMARKS.md, "A job's
+    /// task and queue").
     async fn run(mut self, mut rx: mpsc::Receiver<Box<Command>>) {
         while let Some(command) = rx.recv().await {
             Box::pin(self.serve(*command)).await;
