@@ -41,6 +41,7 @@ pub fn defaults() -> Defaults {
         runtime: RuntimeConfig {
             max_instances: runtime.instance_ceiling(),
             ready_instances: runtime.ready_ceiling(),
+            threads: 0,
             max_memory_per_instance: runtime.memory_ceiling(),
             memory_reservation: runtime.reservation(),
             cache_dir: None,

@@ -304,18 +304,22 @@ fn main() -> ExitCode {
             }
         };
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    // config.toml, read once: the async runtime and traces start from it
+    // before the logs, and the command runs with it. The registry's
+    // commands need none.
+    let registry =
+        matches!(cli.command, Command::Push { .. } | Command::Sign { .. } | Command::Keygen { .. });
+    let config = (!registry).then(|| pulse_host::defaults::load_config(&cli.config));
+    // A configuration that cannot be read runs the command on the default
+    // threads: the command itself says what is wrong with it.
+    let threads = config.as_ref().and_then(|config| config.as_ref().ok()).map_or(0, |c| c.runtime.threads);
+    let runtime = match pulse_host::run::async_runtime(threads) {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("pulse-host: failed to start the async runtime: {error}");
             return ExitCode::from(exit::ERROR);
         }
     };
-    // config.toml, read once: traces start from it before the logs, and
-    // the command runs with it. The registry's commands need none.
-    let registry =
-        matches!(cli.command, Command::Push { .. } | Command::Sign { .. } | Command::Keygen { .. });
-    let config = (!registry).then(|| pulse_host::defaults::load_config(&cli.config));
     let telemetry = start_telemetry(&cli, config.as_ref(), &runtime);
     init_logs(cli.log_format, default_level, telemetry.as_ref());
     let code = serve_command(cli, config, &runtime);

@@ -153,6 +153,19 @@ pub fn node_options(config: &Config) -> NodeOptions {
     }
 }
 
+/// The process's async runtime, with `threads` worker threads (the
+/// config's `runtime.threads`); 0 leaves the count to tokio:
+/// `TOKIO_WORKER_THREADS`, else one per core. A host that shares its
+/// cores with Redis spends less CPU a job on fewer threads: fewer tasks
+/// wake on another thread (BENCHMARKS.md, "Fewer threads than cores").
+pub fn async_runtime(threads: u32) -> std::io::Result<tokio::runtime::Runtime> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if threads > 0 {
+        builder.worker_threads(threads as usize);
+    }
+    builder.enable_all().build()
+}
+
 /// # Cancel safety
 /// Not cancel safe: dropping it skips the leaving; the host's workers are
 /// then evicted when their leases end.
@@ -273,6 +286,7 @@ async fn serve(
     tracing::info!(
         pools = host.served.len(),
         schedules = host.schedules.len(),
+        threads = tokio::runtime::Handle::current().metrics().num_workers(),
         "running; Ctrl-C or SIGTERM to leave, SIGHUP to reload {}",
         config.path.display()
     );

@@ -179,6 +179,9 @@ pub struct RuntimeConfig {
     /// `ready_instances`: the most instances a plugin in job isolation
     /// keeps made ahead of need.
     pub ready_instances: u32,
+    /// `threads`: the process's worker threads (plugins' calls, the
+    /// pools' workers, HTTP); 0: `TOKIO_WORKER_THREADS`, else one per core.
+    pub threads: u32,
     /// `max_memory_per_instance`, bytes.
     pub max_memory_per_instance: u64,
     /// `memory_reservation`, bytes: the address space each instance's

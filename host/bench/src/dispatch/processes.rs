@@ -243,7 +243,7 @@ pub fn serve_host(args: &Args) -> BenchResult {
     let url = args.redis.clone().ok_or("serve-host needs --redis")?;
     let path = args.rest.get(1).ok_or("serve-host needs a config path")?;
     let config = pulse_host::defaults::load_config(Path::new(path))?;
-    let tokio = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let tokio = pulse_host::run::async_runtime(config.runtime.threads)?;
     tokio.block_on(async {
         let client = pulse_redis::Redis::open(url.as_str())?;
         // `:#`: the reason with its causes (which setting, which limit).

@@ -228,3 +228,39 @@ fn a_killed_host_s_jobs_run_on_the_other_host_once_it_rejoins_they_spread_and_a_
     assert_eq!(back.wait("the shutdown of its only pool"), 0);
     assert!(job_workers(&config, redis, "echo").is_empty());
 }
+
+#[test]
+fn a_host_runs_on_as_many_threads_as_its_config_gives() {
+    let server = RedisServer::start();
+    let redis = Some(server.url());
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        &[("echo", ECHO, "workers = 2\n[plugin.settings]\nprefix = \"> \"")],
+        "[runtime]\nthreads = 1\n",
+    );
+    let log = dir.path().join("host.log");
+    let host = Host::start_logging(&config, redis, &log);
+    wait_for_workers(&config, redis, "echo", 2);
+    let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    eventually("the host says it runs", || read_log().contains("running;"));
+    // Whatever this machine's cores (and so the default), the host names
+    // the count it runs on.
+    let line = read_log().lines().find(|line| line.contains("running;")).unwrap().to_owned();
+    assert!(line.contains("threads=1"), "{line}");
+
+    // Its jobs run as on any number of threads.
+    for key in ["one", "two", "three"] {
+        let payload = format!("hello {key}");
+        assert_eq!(
+            cli(&config, redis, &["dispatch", "--pool", "echo", key, "--payload", &payload]),
+            (0, "started".into())
+        );
+    }
+    let (code, events) = cli(&config, redis, &["events", "--pool", "echo"]);
+    assert_eq!(code, 0);
+    for key in ["one", "two", "three"] {
+        assert!(events.contains(&format!("{key}: > hello {key}")), "{events}");
+    }
+    assert_eq!(host.terminate(), 0);
+}

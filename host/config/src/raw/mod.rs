@@ -44,6 +44,8 @@ const SHUTDOWN_TIMEOUT: RangeInclusive<Duration> = millis(100)..=secs(3600);
 const MAX_INSTANCES: RangeInclusive<u64> = 1..=1_000_000;
 /// `pulse_runtime::MAX_READY_INSTANCES`.
 const READY_INSTANCES: RangeInclusive<u64> = 0..=64;
+/// `runtime.threads` (0: one per core).
+const THREADS: RangeInclusive<u64> = 0..=1_024;
 const MEMORY: RangeInclusive<u64> = (64 << 10)..=(4 << 30);
 const CALL_TIMEOUT: RangeInclusive<Duration> = millis(1)..=secs(3600);
 const FUEL: RangeInclusive<u64> = 1..=(1 << 60);
@@ -137,6 +139,7 @@ struct Node {
 struct Runtime {
     max_instances: Option<Spanned<u64>>,
     ready_instances: Option<Spanned<u64>>,
+    threads: Option<Spanned<u64>>,
     max_memory_per_instance: Option<Spanned<String>>,
     memory_reservation: Option<Spanned<String>>,
     cache_dir: Option<String>,
@@ -297,6 +300,12 @@ impl File {
                 self.runtime.ready_instances.as_ref(),
                 defaults.runtime.ready_instances.into(),
                 READY_INSTANCES,
+            ) as u32,
+            threads: check.count(
+                "runtime.threads",
+                self.runtime.threads.as_ref(),
+                defaults.runtime.threads.into(),
+                THREADS,
             ) as u32,
             max_memory_per_instance: check.size(
                 "runtime.max_memory_per_instance",

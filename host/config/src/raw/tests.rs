@@ -25,6 +25,7 @@ fn defaults() -> Defaults {
         runtime: RuntimeConfig {
             max_instances: 321,
             ready_instances: 5,
+            threads: 0,
             max_memory_per_instance: 32 << 20,
             memory_reservation: 1 << 30,
             cache_dir: None,
@@ -94,6 +95,19 @@ fn ready_instances_are_read_and_bounded() {
     let error = parse(Path::new("c.toml"), "[runtime]\nready_instances = 65\n").unwrap_err();
     assert_eq!(error.problems.iter().map(|p| p.line).collect::<Vec<_>>(), [Some(2)], "{error}");
     assert!(error.to_string().contains("runtime.ready_instances"), "{error}");
+}
+
+#[test]
+fn threads_are_read_and_bounded() {
+    assert_eq!(parse(Path::new("c.toml"), "").unwrap().runtime.threads, 0);
+    let config = parse(Path::new("c.toml"), "[runtime]\nthreads = 1\n").unwrap();
+    assert_eq!(config.runtime.threads, 1);
+    let error = parse(Path::new("c.toml"), "[runtime]\nthreads = 1025\n").unwrap_err();
+    assert_eq!(error.problems.iter().map(|p| p.line).collect::<Vec<_>>(), [Some(2)], "{error}");
+    assert!(
+        error.to_string().contains("`runtime.threads` = 1025 is out of range: allowed are 0 to 1024"),
+        "{error}"
+    );
 }
 
 #[test]
