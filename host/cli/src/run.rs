@@ -155,9 +155,9 @@ pub fn node_options(config: &Config) -> NodeOptions {
 
 /// The process's async runtime, with `threads` worker threads (the
 /// config's `runtime.threads`); 0 leaves the count to tokio:
-/// `TOKIO_WORKER_THREADS`, else one per core. A host that shares its
-/// cores with Redis spends less CPU a job on fewer threads: fewer tasks
-/// wake on another thread (BENCHMARKS.md, "Fewer threads than cores").
+/// `TOKIO_WORKER_THREADS`, else one per core. A host that shared two
+/// cores with Redis spent less CPU a job on one thread than on two
+/// (BENCHMARKS.md, "Fewer threads than cores").
 pub fn async_runtime(threads: u32) -> std::io::Result<tokio::runtime::Runtime> {
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if threads > 0 {

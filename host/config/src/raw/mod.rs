@@ -44,7 +44,7 @@ const SHUTDOWN_TIMEOUT: RangeInclusive<Duration> = millis(100)..=secs(3600);
 const MAX_INSTANCES: RangeInclusive<u64> = 1..=1_000_000;
 /// `pulse_runtime::MAX_READY_INSTANCES`.
 const READY_INSTANCES: RangeInclusive<u64> = 0..=64;
-/// `runtime.threads` (0: one per core).
+/// `runtime.threads` (0: `TOKIO_WORKER_THREADS`, else one per core).
 const THREADS: RangeInclusive<u64> = 0..=1_024;
 const MEMORY: RangeInclusive<u64> = (64 << 10)..=(4 << 30);
 const CALL_TIMEOUT: RangeInclusive<Duration> = millis(1)..=secs(3600);
