@@ -8,7 +8,10 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use pulse_pool::{DispatchOutcome, EventOutcome, JobState};
+use serde::Serialize;
 use serde_json::{Value, json};
+use std::borrow::Cow;
+use std::collections::BTreeMap;
 
 use crate::Api;
 use crate::body::{Batch, Body, JobsQuery, NewJob, Payload, QueryOf};
@@ -17,29 +20,55 @@ use crate::error::ApiError;
 /// Most jobs one batch may hold.
 pub(crate) const MAX_BATCH: usize = 1000;
 
-/// An outcome answer: `{"key", "outcome", ...}` with its status.
-struct Outcome {
+/// An outcome answer: `{"key", "outcome", ...}` with its status, written
+/// straight from this type (no JSON value built on the way).
+#[derive(Serialize)]
+struct Outcome<'a> {
+    #[serde(skip)]
     status: StatusCode,
-    body: Value,
+    key: &'a str,
+    outcome: &'static str,
+    /// The outcome again, on answers that are not successes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message: Option<Cow<'static, str>>,
+    /// The state of the job that holds the key (`exists`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    state: Option<&'static str>,
 }
 
-impl Outcome {
-    fn new(status: StatusCode, key: &str, outcome: &str, message: Option<String>) -> Self {
-        let mut body = json!({"key": key, "outcome": outcome});
-        if let Some(message) = message {
-            body["message"] = message.into();
-        }
-        if !status.is_success() {
-            body["error"] = outcome.into();
-        }
-        Self { status, body }
+impl<'a> Outcome<'a> {
+    fn new(
+        status: StatusCode,
+        key: &'a str,
+        outcome: &'static str,
+        message: Option<impl Into<Cow<'static, str>>>,
+    ) -> Self {
+        let error = (!status.is_success()).then_some(outcome);
+        Self { status, key, outcome, error, message: message.map(Into::into), state: None }
     }
 }
 
-impl IntoResponse for Outcome {
+impl<'a> Outcome<'a> {
+    /// `error` as the outcome of `key`.
+    fn of_error(key: &'a str, error: &ApiError) -> Self {
+        let message = Cow::Owned(error.message.clone());
+        Self {
+            status: error.status,
+            key,
+            outcome: error.code,
+            error: Some(error.code),
+            message: Some(message),
+            state: None,
+        }
+    }
+}
+
+impl IntoResponse for Outcome<'_> {
     fn into_response(self) -> Response {
         let full = self.status == StatusCode::SERVICE_UNAVAILABLE;
-        let mut response = (self.status, Json(self.body)).into_response();
+        let mut response = (self.status, Json(&self)).into_response();
         if full {
             response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
@@ -47,24 +76,29 @@ impl IntoResponse for Outcome {
     }
 }
 
-fn dispatch_outcome(key: &str, outcome: DispatchOutcome) -> Outcome {
+/// One answer of a batch: its outcome with its status.
+#[derive(Serialize)]
+struct BatchAnswer<'a> {
+    #[serde(flatten)]
+    outcome: Outcome<'a>,
+    status: u16,
+}
+
+fn dispatch_outcome(key: &str, outcome: DispatchOutcome) -> Outcome<'_> {
     match outcome {
-        DispatchOutcome::Started => Outcome::new(StatusCode::CREATED, key, "started", None),
+        DispatchOutcome::Started => Outcome::new(StatusCode::CREATED, key, "started", None::<&str>),
         DispatchOutcome::Queued => Outcome::new(
             StatusCode::ACCEPTED,
             key,
             "queued",
-            Some("no worker is alive; the job starts when one joins".into()),
+            Some("no worker is alive; the job starts when one joins"),
         ),
         DispatchOutcome::AlreadyExists(state) => {
-            let mut answer = Outcome::new(
-                StatusCode::CONFLICT,
-                key,
-                "exists",
-                Some(format!("the key is taken by a {} job", state.as_str())),
-            );
-            answer.body["state"] = state.as_str().into();
-            answer
+            let message = format!("the key is taken by a {} job", state.as_str());
+            Outcome {
+                state: Some(state.as_str()),
+                ..Outcome::new(StatusCode::CONFLICT, key, "exists", Some(message))
+            }
         }
         DispatchOutcome::Refused(message) => {
             Outcome::new(StatusCode::UNPROCESSABLE_ENTITY, key, "refused", Some(message))
@@ -76,25 +110,25 @@ fn dispatch_outcome(key: &str, outcome: DispatchOutcome) -> Outcome {
             StatusCode::SERVICE_UNAVAILABLE,
             key,
             "full",
-            Some("the pool holds node.max_jobs jobs".into()),
+            Some("the pool holds node.max_jobs jobs"),
         ),
         DispatchOutcome::Unconfirmed => Outcome::new(
             StatusCode::GATEWAY_TIMEOUT,
             key,
             "unconfirmed",
-            Some("sent, but no worker confirmed the start in time; dispatching again answers exists".into()),
+            Some("sent, but no worker confirmed the start in time; dispatching again answers exists"),
         ),
     }
 }
 
-fn event_outcome(key: &str, outcome: EventOutcome, done: &str) -> Outcome {
+fn event_outcome<'a>(key: &'a str, outcome: EventOutcome, done: &'static str) -> Outcome<'a> {
     match outcome {
-        EventOutcome::Done => Outcome::new(StatusCode::OK, key, done, None),
+        EventOutcome::Done => Outcome::new(StatusCode::OK, key, done, None::<&str>),
         EventOutcome::Held => Outcome::new(
             StatusCode::ACCEPTED,
             key,
             "held",
-            Some("the job waits for a worker; it gets this after its start".into()),
+            Some("the job waits for a worker; it gets this after its start"),
         ),
         EventOutcome::NoSuchJob => no_such_job(key),
         EventOutcome::JobFailed(reason) => {
@@ -107,7 +141,7 @@ fn event_outcome(key: &str, outcome: EventOutcome, done: &str) -> Outcome {
             StatusCode::GATEWAY_TIMEOUT,
             key,
             "unconfirmed",
-            Some("sent, but not confirmed in time".into()),
+            Some("sent, but not confirmed in time"),
         ),
     }
 }
@@ -178,7 +212,7 @@ pub(crate) async fn batch(
     State(api): State<Api>,
     Path(pool): Path<String>,
     Body(batch): Body<Batch>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let node = api.node(&pool)?;
     if batch.jobs.is_empty() || batch.jobs.len() > MAX_BATCH {
         return Err(ApiError::bad_request(format!(
@@ -194,35 +228,32 @@ pub(crate) async fn batch(
             (key, Err(error)) => bad.push((index, key, error)),
         }
     }
-    let mut dispatched = jobs.iter().zip(node.dispatch_batch(&jobs).await);
-    let mut bad = bad.into_iter().peekable();
+    let outcomes = node.dispatch_batch(&jobs).await;
+    let mut dispatched = jobs.iter().zip(outcomes);
+    let mut bad = bad.iter().peekable();
     let mut results = Vec::with_capacity(jobs.len() + bad.len());
-    let mut counts = serde_json::Map::new();
+    let mut counts = BTreeMap::<&'static str, u64>::new();
     for index in 0.. {
-        let answer = match bad.next_if(|(at, _, _)| *at == index) {
-            Some((_, key, error)) => (key, Err(error)),
+        let outcome = match bad.next_if(|(at, _, _)| *at == index) {
+            Some((_, key, error)) => Outcome::of_error(key, error),
             None => match dispatched.next() {
-                Some(((key, _), outcome)) => (
-                    key.clone(),
-                    outcome.map(|outcome| dispatch_outcome(key, outcome)).map_err(ApiError::from),
-                ),
+                Some(((key, _), Ok(outcome))) => dispatch_outcome(key, outcome),
+                Some(((key, _), Err(error))) => Outcome::of_error(key, &ApiError::from(error)),
                 None => break,
             },
         };
-        let (status, mut body) = match answer {
-            (_, Ok(outcome)) => (outcome.status, outcome.body),
-            (key, Err(error)) => (
-                error.status,
-                json!({"key": key, "outcome": error.code, "error": error.code, "message": error.message}),
-            ),
-        };
-        let name = body["outcome"].as_str().unwrap_or("error").to_owned();
-        let count = counts.entry(name).or_insert(Value::from(0));
-        *count = Value::from(count.as_u64().unwrap_or(0) + 1);
-        body["status"] = status.as_u16().into();
-        results.push(body);
+        *counts.entry(outcome.outcome).or_default() += 1;
+        results.push(BatchAnswer { status: outcome.status.as_u16(), outcome });
     }
-    Ok(Json(json!({"results": results, "counts": counts})))
+    Ok(Json(BatchAnswers { results, counts }).into_response())
+}
+
+/// The answer of a batch: each job's, in the order given, and how many
+/// had each outcome.
+#[derive(Serialize)]
+struct BatchAnswers<'a> {
+    results: Vec<BatchAnswer<'a>>,
+    counts: BTreeMap<&'static str, u64>,
 }
 
 /// `DELETE /api/pools/{pool}/jobs/{key}`: stops the job (its handler's
@@ -255,9 +286,7 @@ pub(crate) async fn retry(
 ) -> Result<Response, ApiError> {
     let node = api.node(&pool)?;
     Ok(match node.retry(&key).await? {
-        true => {
-            Outcome::new(StatusCode::ACCEPTED, &key, "queued", Some("queued again from attempt 1".into()))
-        }
+        true => Outcome::new(StatusCode::ACCEPTED, &key, "queued", Some("queued again from attempt 1")),
         false => no_failed_job(&key),
     }
     .into_response())
@@ -271,16 +300,16 @@ pub(crate) async fn forget(
 ) -> Result<Response, ApiError> {
     let node = api.node(&pool)?;
     Ok(match node.forget(&key).await? {
-        true => Outcome::new(StatusCode::OK, &key, "forgotten", None),
+        true => Outcome::new(StatusCode::OK, &key, "forgotten", None::<&str>),
         false => no_failed_job(&key),
     }
     .into_response())
 }
 
-fn no_such_job(key: &str) -> Outcome {
-    Outcome::new(StatusCode::NOT_FOUND, key, "no_such_job", Some("no job has this key".into()))
+fn no_such_job(key: &str) -> Outcome<'_> {
+    Outcome::new(StatusCode::NOT_FOUND, key, "no_such_job", Some("no job has this key"))
 }
 
-fn no_failed_job(key: &str) -> Outcome {
-    Outcome::new(StatusCode::NOT_FOUND, key, "no_failed_job", Some("no failed job has this key".into()))
+fn no_failed_job(key: &str) -> Outcome<'_> {
+    Outcome::new(StatusCode::NOT_FOUND, key, "no_failed_job", Some("no failed job has this key"))
 }
