@@ -19,7 +19,9 @@ use std::time::{Duration, Instant};
 use pulse_pool::{Node, NodeOptions};
 
 use crate::Args;
-use crate::dispatch::{Dispatcher, Handler, PAYLOAD, WORKERS, free_address, spawn_host, wait_for_workers};
+use crate::dispatch::{
+    Dispatcher, Handler, Lane, PAYLOAD, WORKERS, free_address, spawn_host, wait_for_workers,
+};
 use crate::report::{self, percentile};
 
 type BenchResult = Result<(), Box<dyn std::error::Error>>;
@@ -97,19 +99,19 @@ pub fn run(args: &Args) -> BenchResult {
         let client = pulse_redis::Redis::open(url.as_str())?;
         let node = Arc::new(Node::client(&client, pool, NodeOptions::default()).await?);
         wait_for_workers(&node, 2 * WORKERS, &mut hosts).await?;
-        let by_node = Dispatcher::Node(node.clone());
-        let by_http = Dispatcher::http(api, pool).await?;
+        let mut by_node = Dispatcher::Node(node.clone()).lane().await?;
+        let mut by_http = Dispatcher::http(api, pool).await?.lane().await?;
         let (mut node_samples, mut http_samples) = (Vec::new(), Vec::new());
         for round in 0..rounds {
             tokio::time::sleep(idle).await;
-            let timed = |dispatcher: Dispatcher, key: String| async move {
+            let timed = async |dispatcher: &mut Lane, key: String| {
                 let started = Instant::now();
                 let ok = dispatcher.started(&key, &PAYLOAD).await;
                 (ok, started.elapsed())
             };
             let ((node_ok, node_took), (http_ok, http_took)) = tokio::join!(
-                timed(by_node.clone(), format!("node-{round}")),
-                timed(by_http.clone(), format!("http-{round}")),
+                timed(&mut by_node, format!("node-{round}")),
+                timed(&mut by_http, format!("http-{round}")),
             );
             if !node_ok || !http_ok {
                 return Err(format!("round {round}: a dispatch was not confirmed").into());

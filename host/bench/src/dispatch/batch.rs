@@ -30,7 +30,7 @@ pub(super) async fn measure(
     let started = Instant::now();
     let mut tasks = Vec::new();
     for lane in 0..lanes {
-        let dispatcher = dispatcher.clone();
+        let mut dispatcher = dispatcher.lane().await?;
         let mine: Vec<_> = batches.iter().skip(lane).step_by(lanes).cloned().collect();
         tasks.push(tokio::spawn(async move {
             let mut times = Vec::new();

@@ -14,9 +14,11 @@
 //!   (`slots_used_before`).
 //! - `echo-worker`: the same in worker isolation (an instance per worker).
 //! - `echo-http`: `echo-worker` again, but every dispatch is a `POST` to the
-//!   host's HTTP API (keep-alive connections, one per dispatcher): the
-//!   API's cost on top of the pool's, and the metrics recorder's, which
-//!   that host installs.
+//!   host's HTTP API (a keep-alive HTTP/1.1 connection per dispatcher,
+//!   hyper's client connection with no pool around it, so that the client
+//!   takes little of the cores it shares with the host): the API's cost
+//!   on top of the pool's, and the metrics recorder's, which that host
+//!   installs.
 //! - `slow`: the `slow` plugin in job isolation with
 //!   `max_concurrent_calls = 32`, each start waiting 50 ms (a WASI sleep),
 //!   with 32 and 128 dispatchers: how far a worker's
@@ -49,7 +51,7 @@ use crate::Args;
 use crate::report::{self, percentile};
 use commandstats::{Servers, Spent};
 use processes::spawn_noop_workers;
-pub(crate) use processes::{Dispatcher, free_address, spawn_host, wait_for_workers};
+pub(crate) use processes::{Dispatcher, Lane, free_address, spawn_host, wait_for_workers};
 pub use processes::{SERVE_HOST, SERVE_WORKERS, serve_host, serve_workers};
 pub(crate) use processes::{end_processes, spawn_serve_host};
 
@@ -397,7 +399,7 @@ async fn measure(
     let started = Instant::now();
     let mut lanes = Vec::new();
     for lane in 0..concurrency {
-        let dispatcher = dispatcher.clone();
+        let mut dispatcher = dispatcher.lane().await?;
         lanes.push(tokio::spawn(async move {
             let mut samples = Vec::new();
             let mut unconfirmed = 0u64;

@@ -58,7 +58,7 @@ pub(crate) enum Dispatcher {
     Node(Arc<Node>),
     /// The API's routes of one pool: `{base}/jobs`, `{base}/batch`.
     Http {
-        client: reqwest::Client,
+        address: std::net::SocketAddr,
         base: String,
     },
 }
@@ -81,26 +81,41 @@ impl Dispatcher {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        Ok(Self::Http { client, base: format!("http://{address}/api/pools/{pool}") })
+        Ok(Self::Http { address, base: format!("/api/pools/{pool}") })
     }
 
+    /// What one lane dispatches through: the node, or a keep-alive
+    /// connection of its own to the API.
+    pub(crate) async fn lane(&self) -> Result<Lane, Box<dyn std::error::Error>> {
+        match self {
+            Self::Node(node) => Ok(Lane::Node(node.clone())),
+            Self::Http { address, base } => Ok(Lane::Http(HttpLane::connect(*address, base).await?)),
+        }
+    }
+}
+
+/// One lane's way to dispatch.
+pub(crate) enum Lane {
+    Node(Arc<Node>),
+    Http(HttpLane),
+}
+
+impl Lane {
     /// Dispatches `key` with `payload` (ASCII); whether a worker confirmed
     /// its start.
-    pub(crate) async fn started(&self, key: &str, payload: &[u8]) -> bool {
+    pub(crate) async fn started(&mut self, key: &str, payload: &[u8]) -> bool {
         match self {
             Self::Node(node) => matches!(node.dispatch(key, payload).await, Ok(DispatchOutcome::Started)),
-            Self::Http { client, base } => {
-                let payload = std::str::from_utf8(payload).expect("the payload is ASCII");
-                let body = serde_json::json!({"key": key, "payload": payload});
-                let answer = client.post(format!("{base}/jobs")).json(&body).send().await;
-                answer.is_ok_and(|response| response.status() == reqwest::StatusCode::CREATED)
+            Self::Http(http) => {
+                let body = serde_json::json!({"key": key, "payload": ascii(payload)});
+                http.post("jobs", &body).await.is_some_and(|(status, _)| status == hyper::StatusCode::CREATED)
             }
         }
     }
 
     /// Dispatches `jobs` (payloads ASCII) as one batch: the pool's
     /// `dispatch_batch`, or `POST …/batch`; how many a worker confirmed.
-    pub(crate) async fn started_batch(&self, jobs: &[(String, Vec<u8>)]) -> usize {
+    pub(crate) async fn started_batch(&mut self, jobs: &[(String, Vec<u8>)]) -> usize {
         match self {
             Self::Node(node) => node
                 .dispatch_batch(jobs)
@@ -108,24 +123,76 @@ impl Dispatcher {
                 .iter()
                 .filter(|outcome| matches!(outcome, Ok(DispatchOutcome::Started)))
                 .count(),
-            Self::Http { client, base } => {
+            Self::Http(http) => {
                 let jobs: Vec<_> = jobs
                     .iter()
-                    .map(|(key, payload)| {
-                        let payload = std::str::from_utf8(payload).expect("the payload is ASCII");
-                        serde_json::json!({"key": key, "payload": payload})
-                    })
+                    .map(|(key, payload)| serde_json::json!({"key": key, "payload": ascii(payload)}))
                     .collect();
-                let answer = client
-                    .post(format!("{base}/batch"))
-                    .json(&serde_json::json!({"jobs": jobs}))
-                    .send()
-                    .await;
-                let Ok(response) = answer else { return 0 };
-                let body: serde_json::Value = response.json().await.unwrap_or_default();
+                let Some((_, body)) = http.post("batch", &serde_json::json!({"jobs": jobs})).await else {
+                    return 0;
+                };
+                let body: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
                 body["counts"]["started"].as_u64().unwrap_or(0) as usize
             }
         }
+    }
+}
+
+fn ascii(payload: &[u8]) -> &str {
+    std::str::from_utf8(payload).expect("the payload is ASCII")
+}
+
+/// An HTTP/1.1 keep-alive connection to the API, one request at a time:
+/// hyper's client connection without a pool or URL parsing around it,
+/// so that the client takes as little as it can of the cores the host
+/// shares with it.
+pub(crate) struct HttpLane {
+    send: Sender,
+    address: std::net::SocketAddr,
+    host: hyper::header::HeaderValue,
+    base: String,
+}
+
+type Sender = hyper::client::conn::http1::SendRequest<http_body_util::Full<bytes::Bytes>>;
+
+impl HttpLane {
+    async fn connect(address: std::net::SocketAddr, base: &str) -> Result<Self, Box<dyn std::error::Error>> {
+        let send = Self::handshake(address).await?;
+        Ok(Self { send, address, host: address.to_string().parse()?, base: base.to_owned() })
+    }
+
+    async fn handshake(address: std::net::SocketAddr) -> Result<Sender, Box<dyn std::error::Error>> {
+        let stream = tokio::net::TcpStream::connect(address).await?;
+        stream.set_nodelay(true)?;
+        let (send, connection) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
+        tokio::spawn(connection);
+        Ok(send)
+    }
+
+    /// `POST {base}/{route}` with `body` as JSON: the answer's status and
+    /// body, or `None` when the connection failed.
+    async fn post(
+        &mut self,
+        route: &str,
+        body: &serde_json::Value,
+    ) -> Option<(hyper::StatusCode, bytes::Bytes)> {
+        use http_body_util::BodyExt as _;
+        let request = hyper::Request::post(format!("{}/{route}", self.base))
+            .header(hyper::header::HOST, self.host.clone())
+            .header(hyper::header::CONTENT_TYPE, "application/json")
+            .body(http_body_util::Full::new(bytes::Bytes::from(serde_json::to_vec(body).ok()?)))
+            .ok()?;
+        if self.send.ready().await.is_err() {
+            // The server closed the connection (its idle timeout): open
+            // another, as a pooling client would.
+            self.send = Self::handshake(self.address).await.ok()?;
+            self.send.ready().await.ok()?;
+        }
+        let response = self.send.send_request(request).await.ok()?;
+        let status = response.status();
+        let body = response.into_body().collect().await.ok()?.to_bytes();
+        Some((status, body))
     }
 }
 
