@@ -321,6 +321,12 @@ async fn every_route_answers_its_outcomes_without_a_token() {
         outcome(&api.post("/api/pools/echo/batch", json!({"jobs": too_many})).await),
         (400, "invalid_request")
     );
+    // A body that does not fit is refused whole, naming where.
+    let (status, answer) =
+        api.post("/api/pools/echo/batch", json!({"jobs": [{"key": "fine"}, {"key": 5}]})).await;
+    assert_eq!(status, 400, "{answer}");
+    assert!(answer["message"].as_str().unwrap().contains("jobs[1].key"), "{answer}");
+    assert_eq!(api.get("/api/pools/echo/jobs/fine").await.0, 404);
 
     // Paging through the jobs: every job exactly once.
     let many: Vec<_> = (0..40).map(|i| json!({"key": format!("page-{i:02}")})).collect();
