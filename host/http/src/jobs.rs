@@ -3,6 +3,9 @@
 //! with `key` and `outcome`, and a status code that fits it; answers that
 //! are not successes also carry `error` (same as `outcome`) and `message`.
 
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderValue, StatusCode, header};
@@ -10,8 +13,6 @@ use axum::response::{IntoResponse, Response};
 use pulse_pool::{DispatchOutcome, EventOutcome, JobState};
 use serde::Serialize;
 use serde_json::{Value, json};
-use std::borrow::Cow;
-use std::collections::BTreeMap;
 
 use crate::Api;
 use crate::body::{Batch, Body, JobsQuery, NewJob, Payload, QueryOf};
@@ -48,9 +49,7 @@ impl<'a> Outcome<'a> {
         let error = (!status.is_success()).then_some(outcome);
         Self { status, key, outcome, error, message: message.map(Into::into), state: None }
     }
-}
 
-impl<'a> Outcome<'a> {
     /// `error` as the outcome of `key`.
     fn of_error(key: &'a str, error: &ApiError) -> Self {
         let message = Cow::Owned(error.message.clone());
