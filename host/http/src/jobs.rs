@@ -44,10 +44,10 @@ impl<'a> Outcome<'a> {
         status: StatusCode,
         key: &'a str,
         outcome: &'static str,
-        message: Option<impl Into<Cow<'static, str>>>,
+        message: Option<Cow<'static, str>>,
     ) -> Self {
         let error = (!status.is_success()).then_some(outcome);
-        Self { status, key, outcome, error, message: message.map(Into::into), state: None }
+        Self { status, key, outcome, error, message, state: None }
     }
 
     /// `error` as the outcome of `key`.
@@ -85,62 +85,62 @@ struct BatchAnswer<'a> {
 
 fn dispatch_outcome(key: &str, outcome: DispatchOutcome) -> Outcome<'_> {
     match outcome {
-        DispatchOutcome::Started => Outcome::new(StatusCode::CREATED, key, "started", None::<&str>),
+        DispatchOutcome::Started => Outcome::new(StatusCode::CREATED, key, "started", None),
         DispatchOutcome::Queued => Outcome::new(
             StatusCode::ACCEPTED,
             key,
             "queued",
-            Some("no worker is alive; the job starts when one joins"),
+            Some("no worker is alive; the job starts when one joins".into()),
         ),
         DispatchOutcome::AlreadyExists(state) => {
             let message = format!("the key is taken by a {} job", state.as_str());
             Outcome {
                 state: Some(state.as_str()),
-                ..Outcome::new(StatusCode::CONFLICT, key, "exists", Some(message))
+                ..Outcome::new(StatusCode::CONFLICT, key, "exists", Some(message.into()))
             }
         }
         DispatchOutcome::Refused(message) => {
-            Outcome::new(StatusCode::UNPROCESSABLE_ENTITY, key, "refused", Some(message))
+            Outcome::new(StatusCode::UNPROCESSABLE_ENTITY, key, "refused", Some(message.into()))
         }
         DispatchOutcome::Failed(message) => {
-            Outcome::new(StatusCode::FAILED_DEPENDENCY, key, "failed", Some(message))
+            Outcome::new(StatusCode::FAILED_DEPENDENCY, key, "failed", Some(message.into()))
         }
         DispatchOutcome::PoolFull => Outcome::new(
             StatusCode::SERVICE_UNAVAILABLE,
             key,
             "full",
-            Some("the pool holds node.max_jobs jobs"),
+            Some("the pool holds node.max_jobs jobs".into()),
         ),
         DispatchOutcome::Unconfirmed => Outcome::new(
             StatusCode::GATEWAY_TIMEOUT,
             key,
             "unconfirmed",
-            Some("sent, but no worker confirmed the start in time; dispatching again answers exists"),
+            Some("sent, but no worker confirmed the start in time; dispatching again answers exists".into()),
         ),
     }
 }
 
 fn event_outcome<'a>(key: &'a str, outcome: EventOutcome, done: &'static str) -> Outcome<'a> {
     match outcome {
-        EventOutcome::Done => Outcome::new(StatusCode::OK, key, done, None::<&str>),
+        EventOutcome::Done => Outcome::new(StatusCode::OK, key, done, None),
         EventOutcome::Held => Outcome::new(
             StatusCode::ACCEPTED,
             key,
             "held",
-            Some("the job waits for a worker; it gets this after its start"),
+            Some("the job waits for a worker; it gets this after its start".into()),
         ),
         EventOutcome::NoSuchJob => no_such_job(key),
         EventOutcome::JobFailed(reason) => {
-            Outcome::new(StatusCode::CONFLICT, key, "job_failed", Some(reason))
+            Outcome::new(StatusCode::CONFLICT, key, "job_failed", Some(reason.into()))
         }
         EventOutcome::HandlerError(message) => {
-            Outcome::new(StatusCode::UNPROCESSABLE_ENTITY, key, "handler_error", Some(message))
+            Outcome::new(StatusCode::UNPROCESSABLE_ENTITY, key, "handler_error", Some(message.into()))
         }
         EventOutcome::Unconfirmed => Outcome::new(
             StatusCode::GATEWAY_TIMEOUT,
             key,
             "unconfirmed",
-            Some("sent, but not confirmed in time"),
+            Some("sent, but not confirmed in time".into()),
         ),
     }
 }
@@ -285,7 +285,9 @@ pub(crate) async fn retry(
 ) -> Result<Response, ApiError> {
     let node = api.node(&pool)?;
     Ok(match node.retry(&key).await? {
-        true => Outcome::new(StatusCode::ACCEPTED, &key, "queued", Some("queued again from attempt 1")),
+        true => {
+            Outcome::new(StatusCode::ACCEPTED, &key, "queued", Some("queued again from attempt 1".into()))
+        }
         false => no_failed_job(&key),
     }
     .into_response())
@@ -299,16 +301,16 @@ pub(crate) async fn forget(
 ) -> Result<Response, ApiError> {
     let node = api.node(&pool)?;
     Ok(match node.forget(&key).await? {
-        true => Outcome::new(StatusCode::OK, &key, "forgotten", None::<&str>),
+        true => Outcome::new(StatusCode::OK, &key, "forgotten", None),
         false => no_failed_job(&key),
     }
     .into_response())
 }
 
 fn no_such_job(key: &str) -> Outcome<'_> {
-    Outcome::new(StatusCode::NOT_FOUND, key, "no_such_job", Some("no job has this key"))
+    Outcome::new(StatusCode::NOT_FOUND, key, "no_such_job", Some("no job has this key".into()))
 }
 
 fn no_failed_job(key: &str) -> Outcome<'_> {
-    Outcome::new(StatusCode::NOT_FOUND, key, "no_failed_job", Some("no failed job has this key"))
+    Outcome::new(StatusCode::NOT_FOUND, key, "no_failed_job", Some("no failed job has this key".into()))
 }

@@ -53,7 +53,6 @@ pub(super) fn spawn_noop_workers(
 
 /// Who dispatches: a client-only node in this process, or the HTTP API
 /// of the host process.
-#[derive(Clone)]
 pub(crate) enum Dispatcher {
     Node(Arc<Node>),
     /// The API's routes of one pool: `{base}/jobs`, `{base}/batch`.
