@@ -15,18 +15,39 @@ use tracing::Instrument as _;
 use crate::gate::Record;
 
 /// The contexts of the jobs a worker runs, by key: how a plugin's requests
-/// reach the pool, fenced by each job's token.
+/// reach the pool, fenced by each job's token. Each is shared, not copied:
+/// one guest call asks for its job's several times (whether it may run,
+/// its call's scope, each emit), and a copy is three strings.
 #[derive(Default, Clone)]
-struct Contexts(Arc<Mutex<HashMap<String, JobContext>>>);
+struct Contexts(Arc<Mutex<HashMap<String, Arc<JobContext>>>>);
 
 impl Contexts {
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, JobContext>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Arc<JobContext>>> {
         // Held for one map operation, never across an await.
         self.0.lock().unwrap_or_else(|poison| poison.into_inner())
     }
 
-    fn get(&self, key: &str) -> Option<JobContext> {
+    fn insert(&self, key: String, ctx: JobContext) {
+        self.lock().insert(key, Arc::new(ctx));
+    }
+
+    fn get(&self, key: &str) -> Option<Arc<JobContext>> {
         self.lock().get(key).cloned()
+    }
+
+    /// Whether job `key` has a context and `holds` says true of it.
+    fn check(&self, key: &str, holds: impl FnOnce(&JobContext) -> bool) -> bool {
+        self.lock().get(key).is_some_and(|ctx| holds(ctx))
+    }
+
+    fn remove(&self, key: &str) -> Option<Arc<JobContext>> {
+        self.lock().remove(key)
+    }
+
+    /// [`Self::remove`], as a context of its own (for the upgrade gate,
+    /// which may hold it).
+    fn take(&self, key: &str) -> Option<JobContext> {
+        self.remove(key).map(Arc::unwrap_or_clone)
     }
 }
 
@@ -81,7 +102,7 @@ impl JobHandler for WasmHandler {
         let key = job.key.clone();
         let requeued = job.requeued;
         self.record.started();
-        self.contexts.lock().insert(key.clone(), ctx);
+        self.contexts.insert(key.clone(), ctx);
         let job = pulse_runtime::Job {
             key: job.key,
             payload: job.payload,
@@ -94,7 +115,7 @@ impl JobHandler for WasmHandler {
         let started = self.runner.start(job).instrument(span.clone()).await;
         traced_error(&span, &started);
         let Err(error) = started else { return Ok(()) };
-        let ctx = self.contexts.lock().remove(&key);
+        let ctx = self.contexts.take(&key);
         match handler_error(error) {
             // A job with saved state refused: the release cannot read it.
             error @ HandlerError::Fatal(_) => Err(self.ended(&key, error, ctx)),
@@ -106,7 +127,7 @@ impl JobHandler for WasmHandler {
     async fn stop(&self, key: &str) -> Result<(), HandlerError> {
         self.record.release(key);
         let result = self.runner.stop(key).await;
-        self.contexts.lock().remove(key);
+        self.contexts.remove(key);
         match result {
             Ok(()) | Err(CallError::NotRunning(_)) => Ok(()),
             Err(error) => Err(handler_error(error)),
@@ -126,7 +147,7 @@ impl JobHandler for WasmHandler {
         if !error.ends_job() {
             return Err(handler_error(error));
         }
-        let ctx = self.contexts.lock().remove(key);
+        let ctx = self.contexts.take(key);
         match handler_error(error) {
             error @ HandlerError::Fatal(_) => Err(self.ended(key, error, ctx)),
             error => Err(error),
@@ -135,7 +156,7 @@ impl JobHandler for WasmHandler {
 
     async fn abandon(&self, key: &str) {
         self.record.release(key);
-        self.contexts.lock().remove(key);
+        self.contexts.remove(key);
         self.runner.abandon(key).await;
     }
 
@@ -201,7 +222,7 @@ impl JobOutputs for PoolOutputs {
         Box::pin(async move {
             let ctx = self.contexts.get(key).ok_or(HostRefusal::NotOwned)?;
             ctx.complete().await.map_err(refusal)?;
-            self.contexts.lock().remove(key);
+            self.contexts.remove(key);
             self.record.output();
             Ok(())
         })
@@ -213,11 +234,11 @@ impl JobOutputs for PoolOutputs {
     }
 
     fn may_run(&self, key: &str) -> bool {
-        self.contexts.get(key).is_some_and(|ctx| ctx.is_live())
+        self.contexts.check(key, JobContext::is_live)
     }
 
     fn lost(&self, key: &str) -> bool {
-        self.contexts.get(key).is_some_and(|ctx| ctx.is_lost())
+        self.contexts.check(key, JobContext::is_lost)
     }
 
     fn fence(&self, key: &str) -> Option<Fence> {
@@ -229,7 +250,7 @@ impl JobOutputs for PoolOutputs {
 
     fn job_failed<'a>(&'a self, key: &'a str, error: &'a CallError) -> BoxFuture<'a, ()> {
         Box::pin(async move {
-            let Some(ctx) = self.contexts.lock().remove(key) else { return };
+            let Some(ctx) = self.contexts.take(key) else { return };
             if !ctx.is_live() {
                 return; // the worker lost the job: its record is not ours to change
             }
