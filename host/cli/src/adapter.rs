@@ -23,7 +23,9 @@ struct Contexts(Arc<Mutex<HashMap<String, Arc<JobContext>>>>);
 
 impl Contexts {
     fn lock(&self) -> MutexGuard<'_, HashMap<String, Arc<JobContext>>> {
-        // Held for one map operation, never across an await.
+        // Held for one map operation (in `check`, with a look at one
+        // context's fence, which takes no lock of this map), never across
+        // an await.
         self.0.lock().unwrap_or_else(|poison| poison.into_inner())
     }
 
