@@ -45,10 +45,11 @@ impl InboxEvent {
     /// of earlier versions end before them).
     pub(crate) fn decode(name: &str, payload: &[u8]) -> Option<Self> {
         let f = fields(payload)?;
-        let text = |i: usize| -> Option<String> { String::from_utf8(f.get(i)?.to_vec()).ok() };
-        let number = |i: usize| -> Option<u64> { text(i)?.parse().ok() };
-        let optional =
-            |i: usize| f.get(i).and_then(|field| std::str::from_utf8(field).ok()).unwrap_or_default();
+        // Read in place: only the fields the event keeps are copied.
+        let field = |i: usize| -> Option<&str> { std::str::from_utf8(f.get(i)?).ok() };
+        let text = |i: usize| -> Option<String> { field(i).map(str::to_owned) };
+        let number = |i: usize| -> Option<u64> { field(i)?.parse().ok() };
+        let optional = |i: usize| field(i).unwrap_or_default();
         let (trace, started_by) = match name {
             "start" => (optional(11), ""),
             "notify" => (optional(6), optional(7)),
@@ -57,10 +58,10 @@ impl InboxEvent {
         let kind = match name {
             "start" => Kind::Start {
                 attempt: u32::try_from(number(5)?).ok()?,
-                requeued: text(6)? == "1",
+                requeued: field(6)? == "1",
                 created_at_ms: if f.get(7)?.is_empty() { None } else { Some(number(7)?) },
                 payload: f.get(8)?.to_vec(),
-                state: if text(9)? == "1" { Some(f.get(10)?.to_vec()) } else { None },
+                state: if field(9)? == "1" { Some(f.get(10)?.to_vec()) } else { None },
             },
             "stop" => Kind::Stop,
             "notify" => Kind::Notify { payload: f.get(5)?.to_vec() },
@@ -129,20 +130,20 @@ pub(crate) fn push_answer(out: &mut Vec<u8>, outcome: &str, request: &str, messa
 }
 
 /// The answers of an [`ANSWERS`] entry: (outcome, request id, message),
-/// in order; `None` when it is malformed.
-pub(crate) fn decode_answers(payload: &[u8]) -> Option<Vec<(String, String, String)>> {
+/// in order, read in place; `None` when it is malformed.
+pub(crate) fn decode_answers(payload: &[u8]) -> Option<Vec<(&str, &str, &str)>> {
     let f = fields(payload)?;
     if f.len() % 3 != 0 {
         return None;
     }
-    let text = |bytes: &[u8]| String::from_utf8(bytes.to_vec()).ok();
+    let text = |bytes| std::str::from_utf8(bytes).ok();
     f.chunks(3).map(|a| Some((text(a[0])?, text(a[1])?, text(a[2])?))).collect()
 }
 
-/// Decodes a reply's payload into (request id, message).
-pub(crate) fn decode_reply(payload: &[u8]) -> Option<(String, String)> {
+/// Decodes a reply's payload into (request id, message), read in place.
+pub(crate) fn decode_reply(payload: &[u8]) -> Option<(&str, &str)> {
     let f = fields(payload)?;
-    Some((String::from_utf8(f.first()?.to_vec()).ok()?, String::from_utf8(f.get(1)?.to_vec()).ok()?))
+    Some((std::str::from_utf8(f.first()?).ok()?, std::str::from_utf8(f.get(1)?).ok()?))
 }
 
 #[cfg(test)]
@@ -175,7 +176,7 @@ mod tests {
         assert_eq!(traced.kind, event.kind);
         assert_eq!(InboxEvent::decode("start", b"1:k,"), None);
         assert_eq!(InboxEvent::decode("bogus", &p), None);
-        assert_eq!(decode_reply(&encode_reply("r1", "hi")), Some(("r1".into(), "hi".into())));
+        assert_eq!(decode_reply(&encode_reply("r1", "hi")), Some(("r1", "hi")));
     }
 
     #[test]
@@ -185,10 +186,7 @@ mod tests {
         push_answer(&mut p, "refused", "+r2", "bad input, with a comma");
         assert_eq!(
             decode_answers(&p),
-            Some(vec![
-                ("started".into(), "+r1".into(), String::new()),
-                ("refused".into(), "+r2".into(), "bad input, with a comma".into()),
-            ])
+            Some(vec![("started", "+r1", ""), ("refused", "+r2", "bad input, with a comma")])
         );
         push(&mut p, b"started");
         assert_eq!(decode_answers(&p), None, "an answer cut short");

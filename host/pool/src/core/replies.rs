@@ -65,8 +65,8 @@ impl Waiters {
             let Some(answers) = wire::decode_answers(payload) else { return false };
             let mut whole = true;
             for (outcome, request, message) in answers {
-                match Outcome::parse(&outcome) {
-                    Some(outcome) => self.deliver(&request, Answer { outcome, message }),
+                match Outcome::parse(outcome) {
+                    Some(outcome) => self.deliver(request, Answer { outcome, message: message.to_owned() }),
                     None => whole = false,
                 }
             }
@@ -74,7 +74,7 @@ impl Waiters {
         }
         match (Outcome::parse(name), wire::decode_reply(payload)) {
             (Some(outcome), Some((request, message))) => {
-                self.deliver(&request, Answer { outcome, message });
+                self.deliver(request, Answer { outcome, message: message.to_owned() });
                 true
             }
             _ => false,
