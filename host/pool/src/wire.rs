@@ -46,7 +46,7 @@ impl InboxEvent {
     pub(crate) fn decode(name: &str, payload: &[u8]) -> Option<Self> {
         let f = fields(payload)?;
         // Read in place: only the fields the event keeps are copied.
-        let field = |i: usize| -> Option<&str> { std::str::from_utf8(f.get(i)?).ok() };
+        let field = |i: usize| text_of(f.get(i)?);
         let text = |i: usize| -> Option<String> { field(i).map(str::to_owned) };
         let number = |i: usize| -> Option<u64> { field(i)?.parse().ok() };
         let optional = |i: usize| field(i).unwrap_or_default();
@@ -136,14 +136,18 @@ pub(crate) fn decode_answers(payload: &[u8]) -> Option<Vec<(&str, &str, &str)>> 
     if f.len() % 3 != 0 {
         return None;
     }
-    let text = |bytes| std::str::from_utf8(bytes).ok();
-    f.chunks(3).map(|a| Some((text(a[0])?, text(a[1])?, text(a[2])?))).collect()
+    f.chunks(3).map(|a| Some((text_of(a[0])?, text_of(a[1])?, text_of(a[2])?))).collect()
 }
 
 /// Decodes a reply's payload into (request id, message), read in place.
 pub(crate) fn decode_reply(payload: &[u8]) -> Option<(&str, &str)> {
     let f = fields(payload)?;
-    Some((std::str::from_utf8(f.first()?).ok()?, std::str::from_utf8(f.get(1)?).ok()?))
+    Some((text_of(f.first()?)?, text_of(f.get(1)?)?))
+}
+
+/// A field as text, in place; `None` when it is not UTF-8.
+fn text_of(field: &[u8]) -> Option<&str> {
+    std::str::from_utf8(field).ok()
 }
 
 #[cfg(test)]
