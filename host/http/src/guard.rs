@@ -53,14 +53,23 @@ fn host_of(authority: &str) -> &str {
 }
 
 pub(crate) async fn check(State(api): State<Api>, request: Request, next: Next) -> Response {
-    if let Err(error) = admit(&api.inner.hosts, request.method(), request.headers()) {
+    // HTTP/2 names the host in the request's `:authority`, which hyper
+    // puts in its URI, as it does an HTTP/1.1 request's absolute target;
+    // either takes the place of `Host` (RFC 9110, 7.2).
+    let authority = request.uri().authority().map(axum::http::uri::Authority::as_str);
+    if let Err(error) = admit(&api.inner.hosts, request.method(), authority, request.headers()) {
         return error.into_response();
     }
     next.run(request).await
 }
 
-fn admit(hosts: &AllowedHosts, method: &Method, headers: &HeaderMap) -> Result<(), ApiError> {
-    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("");
+fn admit(
+    hosts: &AllowedHosts,
+    method: &Method,
+    authority: Option<&str>,
+    headers: &HeaderMap,
+) -> Result<(), ApiError> {
+    let host = authority.or_else(|| headers.get(header::HOST).and_then(|h| h.to_str().ok())).unwrap_or("");
     if !hosts.allows(host) {
         return Err(ApiError::new(
             StatusCode::MISDIRECTED_REQUEST,

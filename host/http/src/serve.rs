@@ -1,15 +1,18 @@
 //! Connections: accepted up to a limit, each closed when its client takes
 //! too long to send a request's headers (or to finish the TLS handshake)
-//! or stays silent too long, so that slow or idle clients cannot hold the
-//! host's sockets and tasks. Over TLS when `ServeOptions::tls` says so.
+//! or asks nothing for too long, so that slow or idle clients cannot hold
+//! the host's sockets and tasks. HTTP/1.1, and HTTP/2 for clients that
+//! speak it (prior knowledge in clear, ALPN over TLS), where many
+//! requests share a connection. Over TLS when `ServeOptions::tls` says so.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -21,7 +24,7 @@ use crate::{Api, router};
 pub struct ServeOptions {
     /// The longest a client may take to send a request's headers.
     pub header_timeout: Duration,
-    /// The longest a connection may stay without a byte either way.
+    /// The longest a connection may stay without a request in flight.
     pub idle_timeout: Duration,
     /// Connections served at once; more wait in the listen backlog.
     pub max_connections: usize,
@@ -57,7 +60,7 @@ pub fn tls_config(
         .with_no_client_auth()
         .with_single_cert(chain, key)
         .map_err(|error| format!("http.tls_cert_file and http.tls_key_file do not go together: {error}"))?;
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Arc::new(config))
 }
 
@@ -119,7 +122,7 @@ pub async fn serve(
         let (shutdown, options) = (shutdown.clone(), options.clone());
         connections.spawn(async move {
             let _slot = slot;
-            let (io, activity) = Watched::new(stream);
+            let (io, activity) = (stream, Activity::new());
             match options.tls.clone() {
                 None => serve_connection(io, activity, service, &options, shutdown).await,
                 Some(tls) => {
@@ -139,8 +142,10 @@ pub async fn serve(
     Ok(())
 }
 
-/// Serves HTTP/1.1 on `io` until the client is done, stays idle too long,
-/// or `shutdown` is cancelled (then the request in flight finishes).
+/// Serves HTTP/1.1, or HTTP/2 when the client opens with its preface
+/// (over TLS: when ALPN chose `h2`), on `io` until the client is done,
+/// stays idle too long, or `shutdown` is cancelled (then the requests in
+/// flight finish).
 async fn serve_connection<I>(
     io: I,
     activity: Activity,
@@ -150,108 +155,131 @@ async fn serve_connection<I>(
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let mut builder = hyper::server::conn::http1::Builder::new();
+    let mut builder = auto::Builder::new(TokioExecutor::new());
     // Answers to pipelined requests go out in one write.
-    builder.timer(TokioTimer::new()).header_read_timeout(options.header_timeout).pipeline_flush(true);
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(options.header_timeout).pipeline_flush(true);
+    builder.http2().timer(TokioTimer::new()).max_concurrent_streams(MAX_STREAMS);
+    let service = Counted { inner: service, activity: activity.clone() };
     let connection = builder.serve_connection(TokioIo::new(io), service);
     tokio::pin!(connection);
+    // Once closing, the connection is dropped when nothing was in flight
+    // for `header_timeout`: an HTTP/2 client that does not answer the
+    // close's ping would otherwise keep it.
     let mut closing = false;
     loop {
+        let idle = if closing { options.header_timeout } else { options.idle_timeout };
         tokio::select! {
             _ = connection.as_mut() => break,
-            () = activity.idle(options.idle_timeout), if !closing => {
+            () = activity.idle(options.header_timeout, idle) => {
+                if closing {
+                    break;
+                }
                 closing = true;
+                activity.touch();
                 connection.as_mut().graceful_shutdown();
             }
             () = shutdown.cancelled(), if !closing => {
                 closing = true;
+                activity.touch();
                 connection.as_mut().graceful_shutdown();
             }
         }
     }
 }
 
-/// When a byte last moved on a connection: ms since it was accepted.
+/// Requests in flight at once on one HTTP/2 connection (hyper's default,
+/// said here): with `max_connections`, what bounds the requests served at
+/// once.
+const MAX_STREAMS: u32 = 200;
+
+/// The requests of a connection: when one last began or ended, and how
+/// many are in flight. Idleness is counted in requests, not bytes, so
+/// that neither HTTP/2's pings nor headers sent a byte at a time keep a
+/// connection that asks nothing.
 #[derive(Clone)]
-struct Activity {
+struct Activity(Arc<Requests>);
+
+struct Requests {
     born: tokio::time::Instant,
-    last: Arc<AtomicU64>,
+    /// ms since `born` when a request last began or ended.
+    last: AtomicU64,
+    in_flight: AtomicUsize,
+    begun: AtomicBool,
 }
 
 impl Activity {
-    fn touch(&self) {
-        let ms = u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.last.store(ms, Ordering::Relaxed);
+    fn new() -> Self {
+        Self(Arc::new(Requests {
+            born: tokio::time::Instant::now(),
+            last: AtomicU64::new(0),
+            in_flight: AtomicUsize::new(0),
+            begun: AtomicBool::new(false),
+        }))
     }
 
-    /// Resolves once nothing moved for `timeout`.
-    async fn idle(&self, timeout: Duration) {
+    fn touch(&self) {
+        let ms = u64::try_from(self.0.born.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.0.last.store(ms, Ordering::Relaxed);
+    }
+
+    /// A request begins; it ends when the guard is dropped.
+    fn begin(&self) -> InFlight {
+        self.0.begun.store(true, Ordering::Relaxed);
+        self.0.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.touch();
+        InFlight(self.clone())
+    }
+
+    /// Resolves once no request began within `first` of the connection's
+    /// start, or, after one did, none was in flight for `timeout`.
+    async fn idle(&self, first: Duration, timeout: Duration) {
         loop {
-            let due = self.born + Duration::from_millis(self.last.load(Ordering::Relaxed)) + timeout;
+            let wait = if self.0.begun.load(Ordering::Relaxed) { timeout } else { first };
+            let due = self.0.born + Duration::from_millis(self.0.last.load(Ordering::Relaxed)) + wait;
             if tokio::time::Instant::now() >= due {
-                return;
+                if self.0.in_flight.load(Ordering::Relaxed) == 0 {
+                    return;
+                }
+                self.touch();
+                continue;
             }
             tokio::time::sleep_until(due).await;
         }
     }
 }
 
-/// A stream that notes its [`Activity`].
-struct Watched {
-    stream: tokio::net::TcpStream,
+/// A request in flight (see [`Activity::begin`]).
+struct InFlight(Activity);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.0.touch();
+    }
+}
+
+/// The router, each request counted in its connection's [`Activity`]
+/// until its answer is ready (every answer's body is whole by then).
+#[derive(Clone)]
+struct Counted {
+    inner: TowerToHyperService<axum::Router>,
     activity: Activity,
 }
 
-impl Watched {
-    fn new(stream: tokio::net::TcpStream) -> (Self, Activity) {
-        let activity = Activity { born: tokio::time::Instant::now(), last: Arc::new(AtomicU64::new(0)) };
-        (Self { stream, activity: activity.clone() }, activity)
-    }
+impl hyper::service::Service<hyper::Request<hyper::body::Incoming>> for Counted {
+    type Response = <TowerToHyperService<axum::Router> as hyper::service::Service<
+        hyper::Request<hyper::body::Incoming>,
+    >>::Response;
+    type Error = std::convert::Infallible;
+    type Future = std::pin::Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
 
-    fn touch(&self) {
-        self.activity.touch();
-    }
-}
-
-impl AsyncRead for Watched {
-    fn poll_read(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        let before = buf.filled().len();
-        let polled = std::pin::Pin::new(&mut self.stream).poll_read(cx, buf);
-        if buf.filled().len() > before {
-            self.touch();
-        }
-        polled
-    }
-}
-
-impl AsyncWrite for Watched {
-    fn poll_write(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        let polled = std::pin::Pin::new(&mut self.stream).poll_write(cx, buf);
-        if matches!(polled, std::task::Poll::Ready(Ok(n)) if n > 0) {
-            self.touch();
-        }
-        polled
-    }
-
-    fn poll_flush(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.stream).poll_flush(cx)
-    }
-
-    fn poll_shutdown(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.stream).poll_shutdown(cx)
+    fn call(&self, request: hyper::Request<hyper::body::Incoming>) -> Self::Future {
+        let in_flight = self.activity.begin();
+        let answer = self.inner.call(request);
+        Box::pin(async move {
+            let answer = answer.await;
+            drop(in_flight);
+            answer
+        })
     }
 }

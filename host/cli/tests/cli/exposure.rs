@@ -127,6 +127,142 @@ async fn slow_idle_and_surplus_http_clients_cannot_hold_the_host() {
     assert_eq!(lone.read(&mut buffer).unwrap_or(0), 0, "an idle connection was kept open");
 }
 
+/// The sending side of an HTTP/2 client connection.
+pub(crate) type Http2 = hyper::client::conn::http2::SendRequest<http_body_util::Full<bytes::Bytes>>;
+
+/// An HTTP/2 connection on `stream` (prior knowledge), its client pinging
+/// every 100 ms; the connection's task ends when the server closes it.
+pub(crate) async fn http2(
+    stream: impl hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+) -> (Http2, tokio::task::JoinHandle<()>) {
+    let (send, connection) = hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+        .timer(hyper_util::rt::TokioTimer::new())
+        .keep_alive_interval(Duration::from_millis(100))
+        .keep_alive_while_idle(true)
+        .handshake(stream)
+        .await
+        .unwrap();
+    (send, tokio::spawn(async move { connection.await.unwrap_or_default() }))
+}
+
+/// `method` `path` on an HTTP/2 connection (with a JSON body when one is
+/// given): the status and the body as JSON.
+pub(crate) async fn http2_send(
+    send: &mut Http2,
+    method: &str,
+    uri: &str,
+    body: Option<&str>,
+) -> (u16, Value) {
+    use http_body_util::BodyExt as _;
+    let mut request = hyper::Request::builder().method(method).uri(uri);
+    if body.is_some() {
+        request = request.header("content-type", "application/json");
+    }
+    let request =
+        request.body(http_body_util::Full::new(bytes::Bytes::from(body.unwrap_or("").to_owned()))).unwrap();
+    send.ready().await.unwrap();
+    let response = send.send_request(request).await.unwrap();
+    let status = response.status().as_u16();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_clients_share_a_connection_and_slow_or_idle_ones_are_closed() {
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let http = "[http]\nlisten = \"127.0.0.1:0\"\nheader_timeout = \"500ms\"\nidle_timeout = \"1s\"\n";
+    let config = write_config(dir.path(), &[("echo", ECHO, "[plugin.settings]\nprefix = \"h2:\"")], http);
+    let api = Served::start(&config, server.url(), None).await;
+    wait_for_workers(&config, Some(server.url()), "echo", 1);
+    let address = api.base.trim_start_matches("http://").to_owned();
+
+    // Eight dispatches at once, streams of one connection: each started
+    // (a worker's `start` ran and answered), and each job's event is the
+    // echo of its own payload.
+    let tcp = tokio::net::TcpStream::connect(&address).await.unwrap();
+    let (send, connection) = http2(hyper_util::rt::TokioIo::new(tcp)).await;
+    let base = format!("http://{address}/api/pools/echo");
+    let answers = futures_util::future::join_all((0..8).map(|i| {
+        let (mut send, uri) = (send.clone(), format!("{base}/jobs"));
+        async move {
+            let body = format!(r#"{{"key": "h2-{i}", "payload": "p{i}"}}"#);
+            http2_send(&mut send, "POST", &uri, Some(&body)).await
+        }
+    }))
+    .await;
+    for (status, body) in &answers {
+        assert_eq!((*status, body["outcome"].as_str()), (201, Some("started")), "{body}");
+    }
+    let (status, events) =
+        http2_send(&mut send.clone(), "GET", &format!("{base}/events?limit=100"), None).await;
+    assert_eq!(status, 200, "{events}");
+    let mut echoed: Vec<(String, String)> = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (e["key"].as_str().unwrap().to_owned(), e["payload"].as_str().unwrap_or_default().to_owned())
+        })
+        .collect();
+    echoed.sort();
+    let expected: Vec<(String, String)> = (0..8).map(|i| (format!("h2-{i}"), format!("h2:p{i}"))).collect();
+    assert_eq!(echoed, expected, "{events}");
+
+    // HTTP/2 names the host in `:authority`, which is checked as `Host` is.
+    let port = address.rsplit_once(':').unwrap().1;
+    let (status, body) =
+        http2_send(&mut send.clone(), "GET", &format!("http://rebound.example:{port}/api/pools"), None).await;
+    assert_eq!((status, body["error"].as_str()), (421, Some("unknown_host")), "{body}");
+
+    // Idle, it is closed after `idle_timeout`, though its client pings.
+    tokio::time::timeout(PATIENCE, connection).await.expect("an idle HTTP/2 connection was kept").unwrap();
+    drop(send);
+
+    // A client that opens HTTP/2 and then trickles a request's headers (a
+    // frame of 256 bytes, a byte every 100 ms: whole after 26 s), or only
+    // pings, is cut off at the header timeout.
+    const HEADERS: [u8; 9] = [0x00, 0x01, 0x00, 0x01, 0x05, 0x00, 0x00, 0x00, 0x01];
+    for pings in [false, true] {
+        let mut stream = TcpStream::connect(&address).unwrap();
+        stream.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00").unwrap();
+        let mut sent = 0;
+        while !drained_and_closed(&mut stream) {
+            assert!(
+                sent < 100,
+                "a client {} was held {sent} x 100 ms",
+                if pings { "pinging" } else { "trickling headers" }
+            );
+            let _ = match pings {
+                true => stream.write_all(&PING),
+                false => stream.write_all(&[HEADERS.get(sent).copied().unwrap_or(0)]),
+            };
+            std::thread::sleep(Duration::from_millis(100));
+            sent += 1;
+        }
+    }
+}
+
+/// An HTTP/2 PING frame.
+const PING: [u8; 17] = [0, 0, 8, 6, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8];
+
+/// Reads what the server sent so far; whether it has closed the
+/// connection.
+fn drained_and_closed(stream: &mut TcpStream) -> bool {
+    stream.set_nonblocking(true).unwrap();
+    let mut buffer = [0u8; 4096];
+    let closed = loop {
+        match stream.read(&mut buffer) {
+            Ok(0) => break true,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break false,
+            Err(_) => break true,
+        }
+    };
+    stream.set_nonblocking(false).unwrap();
+    closed
+}
+
 #[tokio::test]
 async fn the_token_comes_from_a_file_or_the_environment_and_is_never_printed() {
     let server = RedisServer::start();

@@ -561,10 +561,12 @@ async fn the_api_serves_https_with_the_configured_certificate_and_nothing_in_cle
         .unwrap()
         .with_root_certificates(roots)
         .with_no_client_auth();
+    let mut offers_h2 = client.clone();
+    offers_h2.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(client));
     let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
     let tcp = tokio::net::TcpStream::connect(&address).await.unwrap();
-    let mut tls = connector.connect(name, tcp).await.unwrap();
+    let mut tls = connector.connect(name.clone(), tcp).await.unwrap();
     tls.write_all(
         format!("GET /api/pools HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n").as_bytes(),
     )
@@ -574,6 +576,17 @@ async fn the_api_serves_https_with_the_configured_certificate_and_nothing_in_cle
     tls.read_to_string(&mut answer).await.unwrap();
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert!(answer.contains("\"name\":\"echo\""), "{answer}");
+
+    // A client that offers HTTP/2 (ALPN) gets it.
+    let tcp = tokio::net::TcpStream::connect(&address).await.unwrap();
+    let tls =
+        tokio_rustls::TlsConnector::from(std::sync::Arc::new(offers_h2)).connect(name, tcp).await.unwrap();
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let (mut send, _connection) = crate::exposure::http2(hyper_util::rt::TokioIo::new(tls)).await;
+    let uri = format!("https://{address}/api/pools");
+    let (status, body) = crate::exposure::http2_send(&mut send, "GET", &uri, None).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.to_string().contains("\"name\":\"echo\""), "{body}");
 
     // Plain HTTP on the same port gets no HTTP answer.
     let mut plain = tokio::net::TcpStream::connect(&address).await.unwrap();
