@@ -100,7 +100,7 @@ pub fn run(args: &Args) -> BenchResult {
         let node = Arc::new(Node::client(&client, pool, NodeOptions::default()).await?);
         wait_for_workers(&node, 2 * WORKERS, &mut hosts).await?;
         let mut by_node = Dispatcher::Node(node.clone()).lane().await?;
-        let mut by_http = Dispatcher::http(api, pool).await?.lane().await?;
+        let mut by_http = Dispatcher::http(api, pool, false).await?.lane().await?;
         let (mut node_samples, mut http_samples) = (Vec::new(), Vec::new());
         for round in 0..rounds {
             tokio::time::sleep(idle).await;

@@ -12,7 +12,7 @@
 //!   time, instantiation latency, call overhead at 16 B and 64 KiB,
 //!   resident memory of idle instances; for the `echo` plugin in Rust,
 //!   Python and JavaScript (default: all three).
-//! - `dispatch [noop|echo-job|echo-worker|echo-http|slow|slow-serial|batch]…`:
+//! - `dispatch [noop|echo-job|echo-worker|echo-http|echo-http2|slow|slow-serial|batch]…`:
 //!   confirmed starts per second and their latency, with 1 and 32
 //!   concurrent dispatchers on a client-only node and 4 workers in another
 //!   process, running a no-op handler, or the `echo` plugin in job or in
@@ -99,7 +99,7 @@ use std::process::ExitCode;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-const USAGE: &str = "usage: pulse-bench SCENARIO [--quick] [--jobs N] [--redis URL] [--confirm-replicas N] [--groups N] [--masters N] [--workers N] [--dispatchers N]\nscenarios: runtime [echo|python-echo|js-echo]..., dispatch [noop|echo-job|echo-worker|echo-http|slow|slow-serial|batch]..., idle, fetch [http1|http2]..., failover, rebalance, ticker, rollout, listing, density [job|worker]...";
+const USAGE: &str = "usage: pulse-bench SCENARIO [--quick] [--jobs N] [--redis URL] [--confirm-replicas N] [--groups N] [--masters N] [--workers N] [--dispatchers N]\nscenarios: runtime [echo|python-echo|js-echo]..., dispatch [noop|echo-job|echo-worker|echo-http|echo-http2|slow|slow-serial|batch]..., idle, fetch [http1|http2]..., failover, rebalance, ticker, rollout, listing, density [job|worker]...";
 
 /// Parsed command line.
 #[derive(Debug)]

@@ -19,6 +19,9 @@
 //!   takes little of the cores it shares with the host): the API's cost
 //!   on top of the pool's, and the metrics recorder's, which that host
 //!   installs.
+//! - `echo-http2`: the same over HTTP/2 in clear (prior knowledge), every
+//!   dispatcher's requests streams of one shared connection, as a
+//!   multiplexing client sends them.
 //! - `slow`: the `slow` plugin in job isolation with
 //!   `max_concurrent_calls = 32`, each start waiting 50 ms (a WASI sleep),
 //!   with 32 and 128 dispatchers: how far a worker's
@@ -34,7 +37,7 @@
 //!
 //! `pulse-bench dispatch [HANDLER…]` runs the named ones (default: all but
 //! `slow-serial`; `batch` names both batch lines). Job counts: 20,000 for
-//! `noop`, `echo-worker`, `echo-http` and the batches, 5,000 for
+//! `noop`, `echo-worker`, `echo-http`, `echo-http2` and the batches, 5,000 for
 //! `echo-job` (each live job holds an instance),
 //! 2,000 for `slow`, 400 for `slow-serial`; `--jobs N` sets all of them.
 
@@ -71,6 +74,7 @@ pub(crate) enum Handler {
     EchoJob,
     EchoWorker,
     EchoHttp,
+    EchoHttp2,
     Slow,
     SlowSerial,
     Batch,
@@ -78,22 +82,24 @@ pub(crate) enum Handler {
 }
 
 impl Handler {
-    const ALL: [Self; 8] = [
+    const ALL: [Self; 9] = [
         Self::NoOp,
         Self::EchoJob,
         Self::EchoWorker,
         Self::EchoHttp,
+        Self::EchoHttp2,
         Self::Slow,
         Self::SlowSerial,
         Self::Batch,
         Self::BatchHttp,
     ];
     /// Run when none is named.
-    const DEFAULT: [Self; 7] = [
+    const DEFAULT: [Self; 8] = [
         Self::NoOp,
         Self::EchoJob,
         Self::EchoWorker,
         Self::EchoHttp,
+        Self::EchoHttp2,
         Self::Slow,
         Self::Batch,
         Self::BatchHttp,
@@ -105,6 +111,7 @@ impl Handler {
             Self::EchoJob => "echo-job",
             Self::EchoWorker => "echo-worker",
             Self::EchoHttp => "echo-http",
+            Self::EchoHttp2 => "echo-http2",
             Self::Slow => "slow",
             Self::SlowSerial => "slow-serial",
             Self::Batch => "batch-pool",
@@ -161,7 +168,7 @@ pub fn run(args: &Args) -> BenchResult {
                 "batch" => Ok(vec![Handler::Batch, Handler::BatchHttp]),
                 name => Handler::ALL.into_iter().find(|h| h.name() == name).map(|h| vec![h]).ok_or_else(|| {
                     format!(
-                        "unknown handler {name:?}: the handlers are noop, echo-job, echo-worker, echo-http, slow, slow-serial, batch-pool and batch-http (batch: both)"
+                        "unknown handler {name:?}: the handlers are noop, echo-job, echo-worker, echo-http, echo-http2, slow, slow-serial, batch-pool and batch-http (batch: both)"
                     )
                 }),
             })
@@ -302,7 +309,9 @@ fn run_handler(
         _ => WORKERS,
     };
     let pool = format!("bench-{}", handler.name());
-    let api = matches!(handler, Handler::EchoHttp | Handler::BatchHttp).then(free_address).transpose()?;
+    let api = matches!(handler, Handler::EchoHttp | Handler::EchoHttp2 | Handler::BatchHttp)
+        .then(free_address)
+        .transpose()?;
     let mut workers = match handler {
         Handler::NoOp | Handler::Batch => spawn_noop_workers(url, &pool, deployment.groups, workers_count)?,
         _ => spawn_host(url, &pool, handler, jobs, api, config_dir)?,
@@ -317,7 +326,7 @@ fn run_handler(
         let node = Arc::new(Node::client(&client, &pool, options).await?);
         wait_for_workers(&node, workers_count, std::slice::from_mut(&mut workers)).await?;
         let dispatcher = match api {
-            Some(address) => Dispatcher::http(address, &pool).await?,
+            Some(address) => Dispatcher::http(address, &pool, handler == Handler::EchoHttp2).await?,
             None => Dispatcher::Node(node.clone()),
         };
         let mut servers = Servers::open(&deployment.servers, workers.id()).await?;

@@ -55,18 +55,23 @@ pub(super) fn spawn_noop_workers(
 /// of the host process.
 pub(crate) enum Dispatcher {
     Node(Arc<Node>),
-    /// The API's routes of one pool: `{base}/jobs`, `{base}/batch`.
+    /// The API's routes of one pool: `{base}/jobs`, `{base}/batch`;
+    /// over one HTTP/2 connection every lane shares, when `shared` holds
+    /// it.
     Http {
         address: std::net::SocketAddr,
         base: String,
+        shared: Option<Http2Sender>,
     },
 }
 
 impl Dispatcher {
-    /// The API at `address`, once it answers ready.
+    /// The API at `address`, once it answers ready; over one HTTP/2
+    /// connection when `http2` says so.
     pub(crate) async fn http(
         address: std::net::SocketAddr,
         pool: &str,
+        http2: bool,
     ) -> Result<Self, Box<dyn std::error::Error>> {
         let client = reqwest::Client::new();
         let deadline = Instant::now() + STARTUP;
@@ -80,15 +85,18 @@ impl Dispatcher {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        Ok(Self::Http { address, base: format!("/api/pools/{pool}") })
+        let shared = if http2 { Some(HttpLane::handshake2(address).await?) } else { None };
+        Ok(Self::Http { address, base: format!("/api/pools/{pool}"), shared })
     }
 
-    /// What one lane dispatches through: the node, or a keep-alive
-    /// connection of its own to the API.
+    /// What one lane dispatches through: the node, a keep-alive
+    /// connection of its own to the API, or the shared HTTP/2 connection.
     pub(crate) async fn lane(&self) -> Result<Lane, Box<dyn std::error::Error>> {
         match self {
             Self::Node(node) => Ok(Lane::Node(node.clone())),
-            Self::Http { address, base } => Ok(Lane::Http(HttpLane::connect(*address, base).await?)),
+            Self::Http { address, base, shared } => {
+                Ok(Lane::Http(HttpLane::connect(*address, base, shared.clone()).await?))
+            }
         }
     }
 }
@@ -141,10 +149,11 @@ fn ascii(payload: &[u8]) -> &str {
     std::str::from_utf8(payload).expect("the payload is ASCII")
 }
 
-/// An HTTP/1.1 keep-alive connection to the API, one request at a time:
-/// hyper's client connection without a pool or URL parsing around it,
-/// so that the client takes as little as it can of the cores the host
-/// shares with it.
+/// A lane's requests to the API, one at a time: over an HTTP/1.1
+/// keep-alive connection of its own, or as streams of a shared HTTP/2
+/// one. hyper's client connections without a pool or URL parsing around
+/// them, so that the client takes as little as it can of the cores the
+/// host shares with it.
 pub(crate) struct HttpLane {
     send: Sender,
     address: std::net::SocketAddr,
@@ -152,19 +161,47 @@ pub(crate) struct HttpLane {
     base: String,
 }
 
-type Sender = hyper::client::conn::http1::SendRequest<http_body_util::Full<bytes::Bytes>>;
+type Body = http_body_util::Full<bytes::Bytes>;
+pub(crate) type Http2Sender = hyper::client::conn::http2::SendRequest<Body>;
+
+enum Sender {
+    Http1(hyper::client::conn::http1::SendRequest<Body>),
+    Http2(Http2Sender),
+}
 
 impl HttpLane {
-    async fn connect(address: std::net::SocketAddr, base: &str) -> Result<Self, Box<dyn std::error::Error>> {
-        let send = Self::handshake(address).await?;
+    async fn connect(
+        address: std::net::SocketAddr,
+        base: &str,
+        shared: Option<Http2Sender>,
+    ) -> Result<Self, Box<dyn std::error::Error>> {
+        let send = match shared {
+            Some(shared) => Sender::Http2(shared),
+            None => Sender::Http1(Self::handshake(address).await?),
+        };
         Ok(Self { send, address, host: address.to_string().parse()?, base: base.to_owned() })
     }
 
-    async fn handshake(address: std::net::SocketAddr) -> Result<Sender, Box<dyn std::error::Error>> {
+    async fn handshake(
+        address: std::net::SocketAddr,
+    ) -> Result<hyper::client::conn::http1::SendRequest<Body>, Box<dyn std::error::Error>> {
         let stream = tokio::net::TcpStream::connect(address).await?;
         stream.set_nodelay(true)?;
         let (send, connection) =
             hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
+        tokio::spawn(connection);
+        Ok(send)
+    }
+
+    /// An HTTP/2 connection in clear (prior knowledge).
+    async fn handshake2(address: std::net::SocketAddr) -> Result<Http2Sender, Box<dyn std::error::Error>> {
+        let stream = tokio::net::TcpStream::connect(address).await?;
+        stream.set_nodelay(true)?;
+        let (send, connection) = hyper::client::conn::http2::handshake(
+            hyper_util::rt::TokioExecutor::new(),
+            hyper_util::rt::TokioIo::new(stream),
+        )
+        .await?;
         tokio::spawn(connection);
         Ok(send)
     }
@@ -177,18 +214,35 @@ impl HttpLane {
         body: &serde_json::Value,
     ) -> Option<(hyper::StatusCode, bytes::Bytes)> {
         use http_body_util::BodyExt as _;
-        let request = hyper::Request::post(format!("{}/{route}", self.base))
-            .header(hyper::header::HOST, self.host.clone())
+        // HTTP/2 names the host in the URI (`:scheme` and `:authority`).
+        let request = match self.send {
+            Sender::Http1(_) => hyper::Request::post(format!("{}/{route}", self.base))
+                .header(hyper::header::HOST, self.host.clone()),
+            Sender::Http2(_) => hyper::Request::post(format!("http://{}{}/{route}", self.address, self.base)),
+        };
+        let request = request
             .header(hyper::header::CONTENT_TYPE, "application/json")
             .body(http_body_util::Full::new(bytes::Bytes::from(serde_json::to_vec(body).ok()?)))
             .ok()?;
-        if self.send.ready().await.is_err() {
-            // The server closed the connection (its idle timeout): open
-            // another, as a pooling client would.
-            self.send = Self::handshake(self.address).await.ok()?;
-            self.send.ready().await.ok()?;
-        }
-        let response = self.send.send_request(request).await.ok()?;
+        let response = match &mut self.send {
+            Sender::Http1(send) => {
+                if send.ready().await.is_err() {
+                    // The server closed the connection (its idle timeout):
+                    // open another, as a pooling client would.
+                    *send = Self::handshake(self.address).await.ok()?;
+                    send.ready().await.ok()?;
+                }
+                send.send_request(request).await.ok()?
+            }
+            Sender::Http2(send) => {
+                if send.ready().await.is_err() {
+                    // This lane's own connection from now on.
+                    *send = Self::handshake2(self.address).await.ok()?;
+                    send.ready().await.ok()?;
+                }
+                send.send_request(request).await.ok()?
+            }
+        };
         let status = response.status();
         let body = response.into_body().collect().await.ok()?.to_bytes();
         Some((status, body))
