@@ -171,7 +171,7 @@ pub(crate) async fn http2_send(
 async fn http2_clients_share_a_connection_and_slow_or_idle_ones_are_closed() {
     let server = RedisServer::start();
     let dir = tempfile::tempdir().unwrap();
-    let http = "[http]\nlisten = \"127.0.0.1:0\"\nheader_timeout = \"500ms\"\nidle_timeout = \"1s\"\n";
+    let http = "[http]\nlisten = \"127.0.0.1:0\"\nheader_timeout = \"1s\"\nidle_timeout = \"2s\"\n";
     let config = write_config(dir.path(), &[("echo", ECHO, "[plugin.settings]\nprefix = \"h2:\"")], http);
     let api = Served::start(&config, server.url(), None).await;
     wait_for_workers(&config, Some(server.url()), "echo", 1);
