@@ -122,11 +122,13 @@ pub async fn serve(
         let (shutdown, options) = (shutdown.clone(), options.clone());
         connections.spawn(async move {
             let _slot = slot;
-            let (io, activity) = (stream, Activity::new());
+            // From the accept: a TLS handshake counts against the first
+            // request's deadline.
+            let activity = Activity::new();
             match options.tls.clone() {
-                None => serve_connection(io, activity, service, &options, shutdown).await,
+                None => serve_connection(stream, activity, service, &options, shutdown).await,
                 Some(tls) => {
-                    let handshake = tokio_rustls::TlsAcceptor::from(tls).accept(io);
+                    let handshake = tokio_rustls::TlsAcceptor::from(tls).accept(stream);
                     match tokio::time::timeout(options.header_timeout, handshake).await {
                         Ok(Ok(io)) => serve_connection(io, activity, service, &options, shutdown).await,
                         Ok(Err(error)) => tracing::debug!(error = %error, "TLS handshake failed"),
@@ -267,9 +269,7 @@ struct Counted {
 }
 
 impl hyper::service::Service<hyper::Request<hyper::body::Incoming>> for Counted {
-    type Response = <TowerToHyperService<axum::Router> as hyper::service::Service<
-        hyper::Request<hyper::body::Incoming>,
-    >>::Response;
+    type Response = axum::response::Response;
     type Error = std::convert::Infallible;
     type Future = std::pin::Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
 
