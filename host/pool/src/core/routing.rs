@@ -18,18 +18,13 @@ impl Core {
     /// The slot table revision and the worker `key` routes to (`""` when
     /// there is no worker).
     pub(crate) fn route(&self, key: &str) -> (u64, String) {
-        let slots = &self.slots;
         let slot = slot_of(key, self.lease.slot_count()).to_string();
-        loop {
-            let rev = slots.revision();
-            let worker = slots.get(&slot);
-            // The same revision before and after: a consistent view. A slot
-            // with no worker (no worker is a member) routes nowhere: the
-            // job waits, queued, until a worker joins.
-            if slots.revision() == rev {
-                return (rev, worker.unwrap_or_default());
-            }
-        }
+        // The worker and the revision of one read of the table: a
+        // consistent view, and one lock taken where every dispatcher of the
+        // process takes it. A slot with no worker (no worker is a member)
+        // routes nowhere: the job waits, queued, until a worker joins.
+        let (rev, worker) = self.slots.get_with_revision(&slot);
+        (rev, worker.unwrap_or_default())
     }
 
     /// Waits until the local slot table reaches revision `rev`.

@@ -199,6 +199,14 @@ impl Map {
         self.shared.read().content.get(key).cloned()
     }
 
+    /// The value at `key` in the local replica with the revision it was
+    /// read at: one read of the replica, so the two agree (a value and a
+    /// revision read one after the other may straddle a change).
+    pub fn get_with_revision(&self, key: &str) -> (u64, Option<String>) {
+        let replica = self.shared.read();
+        (replica.position.rev, replica.content.get(key).cloned())
+    }
+
     /// The list at `key` (written by [`Map::append_values`] and friends), or
     /// `None` when the key is absent or does not hold a list.
     pub fn get_values(&self, key: &str) -> Option<Vec<String>> {

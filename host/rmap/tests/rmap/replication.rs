@@ -145,6 +145,8 @@ async fn many_keys_set_at_once_are_one_revision_and_one_event() {
     assert_eq!(watcher.revision(), 3, "one revision for 5,000 keys; none for an empty call");
     assert_eq!(watcher.len(), 5_002);
     assert_eq!(watcher.get("k4999").as_deref(), Some("v4999"));
+    assert_eq!(watcher.get_with_revision("k4999"), (3, Some("v4999".into())), "read at the last revision");
+    assert_eq!(watcher.get_with_revision("missing"), (3, None));
     assert_eq!(redis_content(&name).await, watcher.snapshot(), "the replica equals Redis");
     writer.destroy().await.unwrap();
     writer.close().await;
