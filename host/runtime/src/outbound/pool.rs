@@ -28,8 +28,15 @@ use tokio::time::Instant;
 
 use super::send::RequestBody;
 
-/// Idle HTTP/1.1 connections kept per destination, at most.
-const MAX_IDLE: usize = 32;
+/// Idle HTTP/1.1 connections kept per destination, at most. It must
+/// exceed the requests a plugin has in flight to one destination at its
+/// busiest, or each request beyond it connects afresh and its connection
+/// is dropped once answered: 4,000 jobs polling a 20 ms service once a
+/// second keep about 40 in flight per host, and with 32 kept the hosts
+/// opened 500 to 4,000 connections in 15 s and their slowest requests
+/// took seconds (BENCHMARKS.md, `fetch`). Idle ones close after
+/// [`IDLE_TIMEOUT`].
+const MAX_IDLE: usize = 256;
 
 /// How long a connection may wait unused before it is closed.
 pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
