@@ -95,6 +95,23 @@ pub struct HttpServer {
     ca_file: Option<tempfile::NamedTempFile>,
 }
 
+/// Connections the server's listening socket queues before it accepts
+/// them: what real servers keep (nginx 511, Go's the system's maximum),
+/// where std's `TcpListener::bind` keeps 128. Hosts that open a few
+/// hundred connections at once overflowed 128 while the accepting thread
+/// started a thread for each: the kernel dropped the overflow's SYNs, and
+/// each such client connected a second later (BENCHMARKS.md, `fetch`).
+const BACKLOG: i32 = 1024;
+
+/// A listening socket on a free loopback port, with [`BACKLOG`].
+fn loopback_listener() -> TcpListener {
+    use socket2::{Domain, Socket, Type};
+    let socket = Socket::new(Domain::IPV4, Type::STREAM, None).expect("a TCP socket");
+    socket.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into()).expect("bind a loopback port");
+    socket.listen(BACKLOG).expect("listen on a loopback port");
+    socket.into()
+}
+
 impl HttpServer {
     /// Starts a server on a free loopback port.
     pub fn start() -> Self {
@@ -111,7 +128,7 @@ impl HttpServer {
     }
 
     fn serve_on(tls: Option<Arc<rustls::ServerConfig>>) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
+        let listener = loopback_listener();
         let address = listener.local_addr().expect("the listener's address");
         let state = Arc::new(Mutex::new(State::default()));
         let shared = Arc::downgrade(&state);

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 
-use super::{HttpServer, Received, State, lock, self_signed};
+use super::{HttpServer, Received, State, lock, loopback_listener, self_signed};
 
 impl HttpServer {
     /// Starts an HTTPS server speaking HTTP/2 only on a free loopback
@@ -21,7 +21,7 @@ impl HttpServer {
         let (ca_file, mut config) = self_signed();
         config.alpn_protocols = vec![b"h2".to_vec()];
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
+        let listener = loopback_listener();
         listener.set_nonblocking(true).expect("a non-blocking listener");
         let address = listener.local_addr().expect("the listener's address");
         let state = Arc::new(Mutex::new(State::default()));
