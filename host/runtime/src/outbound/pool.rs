@@ -33,7 +33,7 @@ use super::send::RequestBody;
 /// busiest, or each request beyond it connects afresh and its connection
 /// is dropped once answered: 4,000 jobs polling a 20 ms service once a
 /// second keep about 40 in flight per host, and with 32 kept the hosts
-/// opened 500 to 700 connections in 15 s of a calm run, 230 to 300 with
+/// opened 300 to 800 connections in 15 s of a calm run, 130 to 300 with
 /// 256 (BENCHMARKS.md, `fetch`). Idle ones close after [`IDLE_TIMEOUT`].
 /// How many may be open at once is not bounded yet.
 const MAX_IDLE: usize = 256;
