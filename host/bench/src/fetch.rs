@@ -108,10 +108,10 @@ fn line(args: &Args, protocol: &str, endpoints: &pulse_testkit::HttpServer) -> B
         }
         let dispatched_in = started.elapsed();
         tokio::time::sleep(warm_up).await;
-        let (before, from) = (endpoints.received().len(), Instant::now());
+        let (before, from) = (endpoints.received_count(), Instant::now());
         let scraped_before = crate::scrape::histogram(&apis, LATENCY).await?;
         tokio::time::sleep(measured).await;
-        let (after, elapsed) = (endpoints.received().len(), from.elapsed());
+        let (after, elapsed) = (endpoints.received_count(), from.elapsed());
         let scraped_after = crate::scrape::histogram(&apis, LATENCY).await?;
         let latency = scraped_after.minus(&scraped_before);
         let rss: Vec<String> = hosts
