@@ -160,7 +160,7 @@ fn a_host_frozen_beyond_its_lease_sends_no_request_for_the_jobs_it_lost_once_res
                 .iter()
                 .all(|path| received.iter().any(|r| r.path == *path && !stale.contains(&run_of(r))))
     });
-    let resumed_at = endpoints.received().len();
+    let resumed_at = endpoints.received_count();
     std::process::Command::new("kill").args(["-CONT", &pid]).status().unwrap();
     // Long enough for the resumed host's overdue timers (every 100 ms) to
     // have fired many times: it rejoins and takes jobs again, each polled
@@ -322,7 +322,7 @@ fn requests_sent_and_denied_are_counted_by_plugin_host_and_status() {
         metric(&text, "pulse_plugin_http_request_seconds_count", &["plugin=\"fetcher\""]) == Some(1.0),
         "{text}"
     );
-    assert_eq!(elsewhere.received().len(), 0);
+    assert_eq!(elsewhere.received_count(), 0);
     // A job polling every 20 ms: its timer's calls are counted with how
     // late they began.
     let payload = format!("{} 20", endpoints.url("/ok"));
